@@ -1,0 +1,2 @@
+"""Benchmarks, data generators, peer comparisons, the cluster simulator (cachefs never
+imports this package)."""

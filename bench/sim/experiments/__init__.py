@@ -1,0 +1,1 @@
+"""Reproductions of the papers' tables on this simulator (``python -m bench.sim``)."""

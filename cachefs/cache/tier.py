@@ -1,0 +1,179 @@
+"""One storage tier of the block cache: a directory of block files plus its byte accounting.
+
+Layout of a tier directory::
+
+    <path>/.cachefs-tier                      random instance id (see ``prepare_directory``)
+    <path>/tmp/                               blocks being written, renamed into place when whole
+    <path>/<d0>/<d1>/<key hex>.<file id hex>  one file per block, mode 0600
+
+``d0``/``d1`` are the first two bytes of the key's *digest* part: the leading bytes of a key are
+its source id and shard, identical for many blocks, so fanning out on them would put a whole
+dataset into one directory.
+
+The file id (from the index, unique per admission) makes every admission of a block write its
+own file, so removing a block deletes exactly the file that was removed from the index — never
+the file of a new admission of the same key that raced with the removal.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from cachefs.cache.base import KEY_LEN
+from cachefs.errors import ConfigError
+
+MARKER_NAME = ".cachefs-tier"
+TMP_DIR_NAME = "tmp"
+# Offset of the xxh3_128 digest inside BlockKey.raw (after source id and shard).
+_DIGEST_OFFSET = 10
+_FANOUT_NAME = re.compile(r"[0-9a-f]{2}")
+_BLOCK_NAME = re.compile(rf"([0-9a-f]{{{2 * KEY_LEN}}})\.([0-9a-f]{{1,16}})")
+_INSTANCE_ID = re.compile(r"[0-9a-f]{32}")  # 16 random bytes, as stored in the index
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """A tier as configured: ``capacity`` bytes of blocks under ``path``, of which the first
+    ``reserve`` bytes admitted are never evicted by the lru policy."""
+
+    name: str
+    path: str
+    capacity: int
+    reserve: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("cache tier: the name must not be empty")
+        if not self.path:
+            raise ConfigError(f"cache tier {self.name!r}: the directory path must not be empty")
+        if not isinstance(self.capacity, int) or self.capacity < 0:
+            raise ConfigError(
+                f"cache tier {self.name!r}: capacity must be a byte count >= 0, "
+                f"got {self.capacity!r}"
+            )
+        if not isinstance(self.reserve, int) or not 0 <= self.reserve <= self.capacity:
+            raise ConfigError(
+                f"cache tier {self.name!r}: reserve must be between 0 and the capacity "
+                f"({self.capacity} bytes), got {self.reserve!r}"
+            )
+
+
+class Tier:
+    """A configured tier at run time.
+
+    The byte counters are owned by ``TieredBlockCache`` and only touched under its lock:
+    ``used``/``reserved_used``/``blocks`` mirror what the index holds (committed blocks), and
+    ``pending`` is room claimed for blocks that are being written right now, so that
+    ``used + pending`` — everything that may be on disk — never exceeds ``capacity``.
+    """
+
+    def __init__(self, config: TierConfig, tier_id: int) -> None:
+        self.name = config.name
+        self.capacity = config.capacity
+        self.reserve = config.reserve
+        self.tier_id = tier_id
+        self.root = os.path.abspath(config.path)
+        self._tmp_dir = os.path.join(self.root, TMP_DIR_NAME)
+        self.used = 0
+        self.reserved_used = 0
+        self.blocks = 0
+        self.pending = 0
+
+    def free(self) -> int:
+        return self.capacity - self.used - self.pending
+
+    # --- files ----------------------------------------------------------------------------------
+
+    def block_path(self, raw: bytes, file_id: int) -> str:
+        fanout = raw[_DIGEST_OFFSET : _DIGEST_OFFSET + 2].hex()
+        return f"{self.root}/{fanout[:2]}/{fanout[2:]}/{raw.hex()}.{file_id:x}"
+
+    def write_block(self, raw: bytes, file_id: int, data: bytes) -> None:
+        """Write a block file so that readers see either no file or the complete one.
+
+        No fsync: every block carries a checksum in the index and is verified before it is
+        served after a restart, so a block torn by a power loss is dropped, never served.
+        """
+        final_path = self.block_path(raw, file_id)
+        tmp_path = f"{self._tmp_dir}/{raw.hex()}.{secrets.token_hex(6)}"
+        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            try:
+                os.rename(tmp_path, final_path)
+            except FileNotFoundError:  # first block in this fan-out directory
+                os.makedirs(os.path.dirname(final_path), mode=0o700, exist_ok=True)
+                os.rename(tmp_path, final_path)
+        except BaseException:
+            _unlink_if_present(tmp_path)
+            raise
+
+    def remove_block(self, raw: bytes, file_id: int) -> None:
+        _unlink_if_present(self.block_path(raw, file_id))
+
+    # --- orphan sweep ---------------------------------------------------------------------------
+
+    def iter_block_files(self) -> Iterator[tuple[bytes, int, str]]:
+        """(key, file id, path) of every block file in the directory. Anything that does not
+        look like a block file of ours is left alone."""
+        for level0 in _subdirs(self.root):
+            for level1 in _subdirs(level0.path):
+                for entry in os.scandir(level1.path):
+                    name = _BLOCK_NAME.fullmatch(entry.name)
+                    if name and entry.is_file(follow_symlinks=False):
+                        yield bytes.fromhex(name[1]), int(name[2], 16), entry.path
+
+
+def prepare_directory(path: str) -> str:
+    """Create a tier directory if needed, remove temp files left by a crash, and return the
+    directory's instance id.
+
+    The instance id lives in a marker file inside the directory and is copied into the index. A
+    different (or absent) marker means the directory was emptied or replaced — a tmpfs after a
+    reboot — so the index entries that point into it are stale.
+    """
+    tmp_dir = os.path.join(path, TMP_DIR_NAME)
+    os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
+    for entry in os.scandir(tmp_dir):
+        _unlink_if_present(entry.path)
+    marker_path = os.path.join(path, MARKER_NAME)
+    try:
+        with open(marker_path, encoding="ascii", errors="replace") as marker:
+            instance_id = marker.read().strip()
+        if _INSTANCE_ID.fullmatch(instance_id):
+            return instance_id
+    except FileNotFoundError:
+        pass
+    instance_id = secrets.token_hex(16)
+    tmp_path = os.path.join(tmp_dir, MARKER_NAME)
+    with open(tmp_path, "w", encoding="ascii") as marker:
+        marker.write(instance_id + "\n")
+    os.rename(tmp_path, marker_path)
+    return instance_id
+
+
+def _subdirs(path: str) -> Iterator[os.DirEntry[str]]:
+    for entry in os.scandir(path):
+        if _FANOUT_NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+            yield entry
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _unlink_if_present(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

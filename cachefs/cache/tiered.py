@@ -1,0 +1,630 @@
+"""TieredBlockCache: the node's block cache over RAM (tmpfs) and SSD tier directories.
+
+Where things live:
+- block bytes: one file per block in the tier that admitted it (``tier.py``);
+- which tier holds a block, its size, checksum and LRU position: the LMDB index (``index.py``);
+- byte accounting: in-memory counters per tier and per source, loaded at open from totals that
+  the index keeps in step with its entries, and changed only under ``self._lock``.
+
+Capacity is never exceeded, even transiently: a put first claims room in memory (``pending``),
+then writes the file, then commits the index entry and turns the claim into ``used``; removals
+unlink the file before giving the room back.
+
+Locks: no LMDB call is made while holding ``self._lock`` or ``self._stamp_lock``, so they can
+never deadlock with LMDB's own writer lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from cachefs.cache.base import BlockKey, CacheCounters, TierUsage, checksum
+from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TierRecord, TotalsDelta
+from cachefs.cache.tier import Tier, TierConfig, prepare_directory
+from cachefs.errors import CachefsError, ConfigError
+
+log = logging.getLogger(__name__)
+
+ADMISSION_AVOID_EVICTION = "avoid-eviction"
+ADMISSION_LRU = "lru"
+ADMISSION_POLICIES = (ADMISSION_AVOID_EVICTION, ADMISSION_LRU)
+
+DEFAULT_INDEX_MAP_SIZE = 8 << 30  # address space, not disk: LMDB grows the file as needed
+#: How often access stamps recorded by reads are written to the index (LRU order).
+STAMP_FLUSH_INTERVAL_S = 1.0
+# Eviction makes room and then claims it; a concurrent put may take the room in between.
+_MAKE_ROOM_ATTEMPTS = 3
+# evict_source removes in batches so that one huge dataset does not hold the write lock long.
+_REMOVE_BATCH = 4096
+_MAX_TIERS = 256  # tier ids are one byte in the index
+
+_VANISHED = object()  # read_entry: the file was not there
+_CORRUPT = object()  # read_entry: the file failed the size or checksum check
+
+
+class CacheClosed(CachefsError):
+    """The cache was used after close()."""
+
+
+class TieredBlockCache:
+    """A BlockCache (see ``base.py``) over a list of tiers, in admission preference order.
+
+    ``admission="avoid-eviction"`` admits into the first tier with room and refuses when all
+    are full; ``"lru"`` evicts least recently used, non-reserved blocks to make room.
+    ``promote=True`` moves a block read from a later tier into an earlier one that has room.
+    """
+
+    def __init__(
+        self,
+        index_dir: str,
+        tiers: list[TierConfig],
+        *,
+        admission: str = ADMISSION_AVOID_EVICTION,
+        promote: bool = False,
+        index_map_size: int = DEFAULT_INDEX_MAP_SIZE,
+    ) -> None:
+        _validate(tiers, admission)
+        self._index_dir = index_dir
+        self._evict_when_full = admission == ADMISSION_LRU
+        self._promote = promote
+        self._lock = threading.Lock()
+        self._nothing_in_flight = threading.Condition(self._lock)
+        # Keys being stored or moved right now → event set when done (one writer per key).
+        self._in_flight: dict[bytes, threading.Event] = {}
+        self._closed = False
+        self._admitted = self._refused = self._evicted = self._corrupt = self._missing = 0
+        # Reads only record (key → stamp) here; stamps reach the index in batches.
+        self._stamp_lock = threading.Lock()
+        self._touched: dict[bytes, int] = {}
+        # File ids (unique per admission) of blocks that passed a full checksum check in this
+        # process. Not the keys: a block re-admitted after a removal must be verified again.
+        # Single add/discard/in operations on a set are atomic in CPython: no lock needed.
+        self._verified: set[int] = set()
+
+        self._index = BlockIndex(index_dir, index_map_size)
+        try:
+            was_clean = self._index.start_session()
+            self._tiers, new_tiers = self._attach_tiers(tiers)
+            self._tier_by_id = {tier.tier_id: tier for tier in self._tiers}
+            self._tier_by_name = {tier.name: tier for tier in self._tiers}
+            self._sweep_orphans(self._tiers if not was_clean else new_tiers)
+            self._load_totals()
+            self._clock = self._index.clock()
+        except BaseException:
+            self._index.close()  # not marked clean: the next open sweeps again
+            raise
+        self._stop_flusher = threading.Event()
+        self._flusher = threading.Thread(
+            target=self._flush_stamps_periodically, name="cachefs-cache-stamps", daemon=True
+        )
+        self._flusher.start()
+
+    # --- opening --------------------------------------------------------------------------------
+
+    def _attach_tiers(self, configs: list[TierConfig]) -> tuple[list[Tier], list[Tier]]:
+        """Give each configured tier its id, and drop index entries that no longer point at
+        files: tiers whose directory was wiped or replaced, and tiers no longer configured.
+
+        Returns all tiers, and those new to the index (their directories may hold files that no
+        entry describes)."""
+        records = self._index.tier_records()
+        instance_ids = [prepare_directory(config.path) for config in configs]
+        taken_ids = {record.tier_id for record in records.values()}
+        free_ids = (tier_id for tier_id in range(_MAX_TIERS) if tier_id not in taken_ids)
+        tiers = []
+        new_tiers = []
+        with self._index.write() as writer:
+            for config, instance_id in zip(configs, instance_ids, strict=True):
+                record = records.pop(config.name, None)
+                known = record is not None and record.instance_id == instance_id
+                if record is not None and not known:
+                    dropped = self._drop_tier_entries(writer, record.tier_id)
+                    log.warning(
+                        "cache tier %r: directory %s was emptied or replaced since the last run; "
+                        "dropped %d index entries",
+                        config.name,
+                        config.path,
+                        dropped,
+                    )
+                if not known:
+                    tier_id = next(free_ids) if record is None else record.tier_id
+                    record = TierRecord(tier_id, instance_id)
+                    writer.register_tier(config.name, record)
+                tier = Tier(config, record.tier_id)
+                tiers.append(tier)
+                if not known:
+                    new_tiers.append(tier)
+            for name, record in records.items():
+                dropped = self._drop_tier_entries(writer, record.tier_id)
+                writer.unregister_tier(name)
+                log.warning(
+                    "cache tier %r is no longer configured; dropped its %d index entries "
+                    "(its files were left in place)",
+                    name,
+                    dropped,
+                )
+        return tiers, new_tiers
+
+    @staticmethod
+    def _drop_tier_entries(writer: IndexWriter, tier_id: int) -> int:
+        entries = writer.entries_of_tier(tier_id)
+        for raw, entry in entries:
+            writer.remove(raw, entry)
+        return len(entries)
+
+    def _sweep_orphans(self, tiers: list[Tier]) -> None:
+        """Delete block files that have no index entry, so disk use matches the accounting.
+        Needed after an unclean shutdown (files written just before a crash, or whose entry was
+        lost) and for tier directories the index does not know."""
+        for tier in tiers:
+            removed = 0
+            for raw, file_id, path in tier.iter_block_files():
+                value = self._index.get(raw)
+                entry = None if value is None else Entry.unpack(value)
+                if entry is None or (entry.tier_id, entry.file_id) != (tier.tier_id, file_id):
+                    os.unlink(path)
+                    removed += 1
+            if removed:
+                log.info("cache tier %r: removed %d orphaned block files", tier.name, removed)
+
+    def _load_totals(self) -> None:
+        for tier in self._tiers:
+            tier.used, tier.reserved_used, tier.blocks = self._index.tier_totals(tier.tier_id)
+        self._source_bytes = self._index.source_bytes()
+
+    # --- hot path: called inline on the trio loop -----------------------------------------------
+
+    def locate(self, key: BlockKey) -> str | None:
+        self._check_open()
+        value = self._index.get(key.raw)
+        return None if value is None else self._tier_by_id[value[0]].name
+
+    def contains(self, key: BlockKey) -> bool:
+        return self.locate(key) is not None
+
+    def read(self, key: BlockKey, offset: int = 0, length: int = -1) -> bytes | None:
+        if offset < 0 or length < -1:
+            raise ValueError(
+                f"block {key.hex}: bad read range offset={offset} length={length} "
+                "(offset must be >= 0, length >= 0 or -1 for 'to the end')"
+            )
+        self._check_open()
+        raw = key.raw
+        value = self._index.get(raw)
+        # A file can vanish between the index lookup and open() because the block was evicted
+        # (then the entry is gone too) or promoted (then the entry points at its new file).
+        for _attempt in range(2):
+            if value is None:
+                return None
+            entry = Entry.unpack(value)
+            result = self._read_entry(raw, entry, offset, length)
+            if result is _CORRUPT:
+                self._drop(raw, entry, corrupt=True)
+                return None
+            if result is not _VANISHED:
+                return result
+            value = self._index.get(raw)
+            if value is not None and Entry.unpack(value).file_id == entry.file_id:
+                self._drop(raw, entry, corrupt=False)  # the index still points at that file
+                return None
+        return None
+
+    def _read_entry(self, raw: bytes, entry: Entry, offset: int, length: int) -> object:
+        tier = self._tier_by_id[entry.tier_id]
+        self._touch(raw)
+        try:
+            fd = os.open(tier.block_path(raw, entry.file_id), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return _VANISHED
+        size = entry.size
+        end = size if length < 0 else min(size, offset + length)
+        promotable = self._promote and tier is not self._tiers[0]
+        try:
+            if os.fstat(fd).st_size != size:
+                return _CORRUPT
+            if (offset == 0 and end == size) or promotable or entry.file_id not in self._verified:
+                whole = _pread_exact(fd, size, 0)
+                if whole is None or checksum(whole) != entry.checksum:
+                    return _CORRUPT
+                self._verified.add(entry.file_id)
+                result = whole if end - offset == size else whole[offset:end]
+            else:
+                result = _pread_exact(fd, max(0, end - offset), offset)
+                if result is None:
+                    return _CORRUPT
+        finally:
+            os.close(fd)
+        if promotable:
+            self._promote_block(raw, entry, tier, whole)
+        return result
+
+    def _touch(self, raw: bytes) -> None:
+        with self._stamp_lock:
+            self._clock += 1
+            self._touched[raw] = self._clock
+
+    def _next_stamp(self) -> int:
+        with self._stamp_lock:
+            self._clock += 1
+            return self._clock
+
+    # --- admission ------------------------------------------------------------------------------
+
+    def put(self, key: BlockKey, data: bytes) -> str | None:
+        raw = key.raw
+        other_writer = self._claim(raw)
+        if other_writer is not None:  # the same block is being stored by another thread
+            other_writer.wait()
+            return self.locate(key)
+        try:
+            return self._admit(raw, data)
+        finally:
+            self._release_claim(raw)
+
+    def _claim(self, raw: bytes) -> threading.Event | None:
+        """Become the one thread storing or moving ``raw`` (returns None), or get the event of
+        the thread that already is."""
+        with self._lock:
+            if self._closed:
+                raise CacheClosed(f"block cache {self._index_dir} is closed")
+            other_writer = self._in_flight.get(raw)
+            if other_writer is None:
+                self._in_flight[raw] = threading.Event()
+            return other_writer
+
+    def _release_claim(self, raw: bytes) -> None:
+        with self._lock:
+            self._in_flight.pop(raw).set()
+            if not self._in_flight:
+                self._nothing_in_flight.notify_all()
+
+    def _admit(self, raw: bytes, data: bytes) -> str | None:
+        value = self._index.get(raw)
+        if value is not None:  # already cached: a put is idempotent
+            return self._tier_by_id[value[0]].name
+        size = len(data)
+        tier = self._claim_free_room(self._tiers, size)
+        if tier is None and self._evict_when_full:
+            tier = self._make_room(size)
+        if tier is None:
+            with self._lock:
+                self._refused += 1
+            return None
+        block_checksum = checksum(data)  # before the write lock is taken: 4 MiB is ~0.5 ms
+        file_id = self._next_stamp()
+        try:
+            tier.write_block(raw, file_id, data)
+        except OSError as exc:
+            with self._lock:
+                tier.pending -= size
+            log.warning("cache tier %r: could not write block %s: %s", tier.name, raw.hex(), exc)
+            return None
+        try:
+            with self._index.write() as writer:
+                self._write_stamps(writer)
+                entry = Entry(
+                    tier.tier_id,
+                    self._reserved_on_admission(writer, tier, size),
+                    size,
+                    block_checksum,
+                    stamp=self._next_stamp(),
+                    file_id=file_id,
+                )
+                writer.insert(raw, entry)
+        except BaseException:
+            tier.remove_block(raw, file_id)
+            with self._lock:
+                tier.pending -= size
+            raise
+        with self._lock:
+            tier.pending -= size
+            self._apply(writer.delta)
+            self._admitted += 1
+        return tier.name
+
+    @staticmethod
+    def _reserved_on_admission(writer: IndexWriter, tier: Tier, size: int) -> bool:
+        """The first ``reserve`` bytes admitted to a tier are flagged reserved (never evicted)."""
+        reserved_used = writer.tier_totals(tier.tier_id).reserved_used
+        return tier.reserve > 0 and reserved_used + size <= tier.reserve
+
+    def _claim_free_room(self, tiers: list[Tier], size: int) -> Tier | None:
+        """Claim ``size`` bytes in the first of ``tiers`` that has them free."""
+        with self._lock:
+            for tier in tiers:
+                if tier.free() >= size:
+                    tier.pending += size
+                    return tier
+        return None
+
+    def _make_room(self, size: int) -> Tier | None:
+        """lru policy: evict from the first tier where evicting can make room, and claim it."""
+        for tier in self._tiers:
+            for _attempt in range(_MAKE_ROOM_ATTEMPTS):
+                with self._lock:
+                    if tier.free() >= size:
+                        tier.pending += size
+                        return tier
+                    shortfall = size - tier.free()
+                    # Even evicting every non-reserved block would not free enough.
+                    if tier.capacity - tier.reserved_used - tier.pending < size:
+                        break
+                if self._evict_oldest(tier, shortfall) == 0:
+                    break
+        return None
+
+    # --- removal --------------------------------------------------------------------------------
+
+    def evict_lru(self, tier_name: str, nbytes: int, *, source_id: int | None = None) -> int:
+        """Evict least recently used, non-reserved blocks of one tier (optionally of one source
+        only) until ``nbytes`` are freed or none are left; the last block may overshoot.
+        Returns the bytes freed. For cleanup policies; counted as evictions."""
+        self._check_open()
+        tier = self._tier_by_name.get(tier_name)
+        if tier is None:
+            raise ConfigError(
+                f"cache tier {tier_name!r} does not exist (tiers: {', '.join(self._tier_by_name)})"
+            )
+        return self._evict_oldest(tier, nbytes, source_id)
+
+    def _evict_oldest(self, tier: Tier, nbytes: int, source_id: int | None = None) -> int:
+        with self._index.write() as writer:
+            self._write_stamps(writer)  # so the order reflects every read so far
+            victims = writer.oldest_evictable(tier.tier_id, nbytes, source_id)
+            for raw, entry in victims:
+                writer.remove(raw, entry)
+        return self._finish_removal(victims, writer.delta, evicted=True)
+
+    def evict(self, key: BlockKey) -> int:
+        self._check_open()
+        raw = key.raw
+        with self._index.write() as writer:
+            entry = writer.get(raw)
+            if entry is None:
+                return 0
+            writer.remove(raw, entry)
+        return self._finish_removal([(raw, entry)], writer.delta)
+
+    def evict_source(self, source_id: int) -> int:
+        self._check_open()
+        freed = 0
+        while True:  # ends when a batch finds nothing left: every pass removes what it finds
+            with self._index.write() as writer:
+                batch = writer.entries_of_source(source_id, _REMOVE_BATCH)
+                for raw, entry in batch:
+                    writer.remove(raw, entry)
+            if not batch:
+                return freed
+            freed += self._finish_removal(batch, writer.delta)
+
+    def _drop(self, raw: bytes, bad: Entry, *, corrupt: bool) -> None:
+        """Drop a block that failed verification or whose file vanished — unless its entry now
+        describes another file (then another thread already removed or moved it)."""
+        with self._index.write() as writer:
+            entry = writer.get(raw)  # current: its access stamp may have changed since
+            if entry is None or entry.file_id != bad.file_id:
+                return
+            writer.remove(raw, entry)
+        self._finish_removal([(raw, entry)], writer.delta)
+        tier_name = self._tier_by_id[entry.tier_id].name
+        with self._lock:
+            if corrupt:
+                self._corrupt += 1
+            else:
+                self._missing += 1
+        log.warning(
+            "cache tier %r: dropped block %s: %s",
+            tier_name,
+            raw.hex(),
+            "size or checksum mismatch" if corrupt else "its file is missing",
+        )
+
+    def _finish_removal(
+        self, removed: list[tuple[bytes, Entry]], delta: TotalsDelta, *, evicted: bool = False
+    ) -> int:
+        """After the index commit: delete the files, then give their room back."""
+        for raw, entry in removed:
+            self._tier_by_id[entry.tier_id].remove_block(raw, entry.file_id)
+            self._verified.discard(entry.file_id)
+        with self._lock:
+            self._apply(delta)
+            if evicted:
+                self._evicted += len(removed)
+        return sum(entry.size for _raw, entry in removed)
+
+    # --- promotion ------------------------------------------------------------------------------
+
+    def _promote_block(self, raw: bytes, entry: Entry, source: Tier, data: bytes) -> None:
+        """Move a verified block into an earlier tier with free room (never evicting for it).
+        Best effort: the read that asked for it has its bytes whatever happens here."""
+        try:
+            if self._claim(raw) is not None:
+                return  # being stored or moved by another thread already
+        except CacheClosed:
+            return
+        try:
+            earlier = self._tiers[: self._tiers.index(source)]
+            target = self._claim_free_room(earlier, entry.size)
+            if target is None:
+                return
+            file_id = self._next_stamp()
+            try:
+                target.write_block(raw, file_id, data)
+                delta = self._commit_move(raw, entry, target, file_id)
+            except BaseException as exc:
+                target.remove_block(raw, file_id)
+                with self._lock:
+                    target.pending -= entry.size
+                if not isinstance(exc, OSError):
+                    raise
+                log.warning(
+                    "cache tier %r: could not promote block %s: %s", target.name, raw.hex(), exc
+                )
+                return
+            if delta is None:
+                target.remove_block(raw, file_id)
+            else:
+                source.remove_block(raw, entry.file_id)
+            with self._lock:
+                target.pending -= entry.size
+                if delta is not None:
+                    self._apply(delta)
+        finally:
+            self._release_claim(raw)
+
+    def _commit_move(
+        self, raw: bytes, entry: Entry, target: Tier, file_id: int
+    ) -> TotalsDelta | None:
+        """Point the index at the block's new file in ``target``. None if the entry no longer
+        describes the file that was copied (the block was removed meanwhile)."""
+        with self._index.write() as writer:
+            current = writer.get(raw)  # its access stamp may have changed since the read
+            if current is None or current.file_id != entry.file_id:
+                return None
+            writer.remove(raw, current)
+            moved = current._replace(
+                tier_id=target.tier_id,
+                reserved=self._reserved_on_admission(writer, target, current.size),
+                stamp=self._next_stamp(),
+                file_id=file_id,
+            )
+            writer.insert(raw, moved)
+        return writer.delta
+
+    # --- bookkeeping ----------------------------------------------------------------------------
+
+    def _apply(self, delta: TotalsDelta) -> None:
+        """Apply a committed transaction's totals to the in-memory counters (under the lock)."""
+        for tier_id, (nbytes, reserved_bytes, blocks) in delta.tiers.items():
+            tier = self._tier_by_id[tier_id]
+            tier.used += nbytes
+            tier.reserved_used += reserved_bytes
+            tier.blocks += blocks
+        for source_id, nbytes in delta.sources.items():
+            total = self._source_bytes.get(source_id, 0) + nbytes
+            if total:
+                self._source_bytes[source_id] = total
+            else:
+                self._source_bytes.pop(source_id, None)
+
+    def _write_stamps(self, writer: IndexWriter) -> None:
+        """Write the access stamps recorded by reads since the last batch."""
+        with self._stamp_lock:
+            touched, self._touched = self._touched, {}
+        for raw, stamp in touched.items():
+            writer.restamp(raw, stamp)
+
+    def _flush_stamps(self) -> None:
+        if self._touched:
+            with self._index.write() as writer:
+                self._write_stamps(writer)
+
+    def _flush_stamps_periodically(self) -> None:
+        while not self._stop_flusher.wait(STAMP_FLUSH_INTERVAL_S):
+            try:
+                self._flush_stamps()
+            except Exception:
+                log.exception("block cache: writing access stamps failed")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheClosed(f"block cache {self._index_dir} is closed")
+
+    # --- introspection and lifecycle ------------------------------------------------------------
+
+    def block_path(self, key: BlockKey) -> str | None:
+        """Path of the block's file. The short-circuit reader reads it directly, so this counts
+        as an access for the LRU order."""
+        self._check_open()
+        raw = key.raw
+        value = self._index.get(raw)
+        if value is None:
+            return None
+        self._touch(raw)
+        entry = Entry.unpack(value)
+        return self._tier_by_id[entry.tier_id].block_path(raw, entry.file_id)
+
+    def usage(self) -> list[TierUsage]:
+        with self._lock:
+            return [
+                TierUsage(
+                    name=tier.name,
+                    path=tier.root,
+                    capacity=tier.capacity,
+                    used=tier.used,
+                    reserve=tier.reserve,
+                    reserved_used=tier.reserved_used,
+                    blocks=tier.blocks,
+                )
+                for tier in self._tiers
+            ]
+
+    def counters(self) -> CacheCounters:
+        with self._lock:
+            return CacheCounters(
+                admitted=self._admitted,
+                refused=self._refused,
+                evicted=self._evicted,
+                corrupt=self._corrupt,
+                missing=self._missing,
+            )
+
+    def cached_bytes(self, source_id: int) -> int:
+        with self._lock:
+            return self._source_bytes.get(source_id, 0)
+
+    def flush(self) -> None:
+        """Write pending access stamps and sync the index to disk (call periodically)."""
+        self._check_open()
+        self._flush_stamps()
+        self._index.sync()
+
+    def close(self) -> None:
+        """Wait for puts in flight, write access stamps, mark the index clean and close it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            while self._in_flight:
+                self._nothing_in_flight.wait()
+        self._stop_flusher.set()
+        self._flusher.join()
+        self._flush_stamps()
+        self._index.end_session()
+
+    def __enter__(self) -> TieredBlockCache:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _validate(tiers: list[TierConfig], admission: str) -> None:
+    if admission not in ADMISSION_POLICIES:
+        raise ConfigError(
+            f"cache admission policy {admission!r} is unknown "
+            f"(choose one of: {', '.join(ADMISSION_POLICIES)})"
+        )
+    if not tiers:
+        raise ConfigError("the block cache needs at least one tier")
+    if len(tiers) > _MAX_TIERS:
+        raise ConfigError(f"the block cache supports at most {_MAX_TIERS} tiers")
+    names = [tier.name for tier in tiers]
+    paths = [os.path.abspath(tier.path) for tier in tiers]
+    for what, values in (("name", names), ("directory", paths)):
+        duplicates = sorted({value for value in values if values.count(value) > 1})
+        if duplicates:
+            raise ConfigError(f"cache tiers must differ in {what}; repeated: {duplicates}")
+
+
+def _pread_exact(fd: int, size: int, offset: int) -> bytes | None:
+    """``size`` bytes at ``offset``, or None if the file ends first (it was truncated)."""
+    data = os.pread(fd, size, offset)
+    while len(data) < size:
+        more = os.pread(fd, size - len(data), offset + len(data))
+        if not more:
+            return None
+        data += more
+    return data

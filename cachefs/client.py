@@ -1,0 +1,115 @@
+"""Python client for a worker's local control API (HTTP over its unix socket).
+
+The CLI uses it, and so do other components (tf_dataset, the coordinator) — nobody else speaks
+raw HTTP to a worker.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from cachefs.errors import CachefsError
+
+
+def default_state_dir() -> str:
+    """``$CACHEFS_STATE``, else /var/lib/cachefs for root, else ~/.local/state/cachefs."""
+    env = os.environ.get("CACHEFS_STATE")
+    if env:
+        return env
+    if os.geteuid() == 0:
+        return "/var/lib/cachefs"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "cachefs")
+
+
+class WorkerNotRunning(CachefsError):
+    pass
+
+
+class ControlError(CachefsError):
+    """The worker refused a request; ``str()`` is its message."""
+
+    def __init__(self, message: str, *, status: int, kind: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+class ControlClient:
+    def __init__(self, state_dir: str | None = None, *, timeout: float = 600.0):
+        self.state_dir = state_dir or default_state_dir()
+        self.socket_path = os.path.join(self.state_dir, "worker.sock")
+        self._http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=self.socket_path),
+            base_url="http://cachefs-worker",
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except (httpx.ConnectError, FileNotFoundError) as exc:
+            raise WorkerNotRunning(
+                f"no cachefs worker is running for state directory {self.state_dir} "
+                "(start one with `cachefs up`, or point --state / CACHEFS_STATE at it)"
+            ) from exc
+        except httpx.TransportError as exc:  # e.g. the worker is shutting down mid-request
+            raise WorkerNotRunning(
+                f"lost the connection to the cachefs worker of {self.state_dir}: {exc}"
+            ) from exc
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                message = body.get("message") or str(body.get("detail") or body)
+                kind = body.get("error", "")
+            except ValueError:
+                message, kind = response.text, ""
+            raise ControlError(message, status=response.status_code, kind=kind)
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.text
+
+    def is_running(self) -> bool:
+        try:
+            self.status()
+        except WorkerNotRunning:
+            return False
+        return True
+
+    def status(self) -> dict:
+        return self._request("GET", "/v1/status")
+
+    def datasets(self) -> list[dict]:
+        return self._request("GET", "/v1/datasets")
+
+    def add_dataset(self, spec: dict) -> dict:
+        return self._request("POST", "/v1/datasets", json=spec)
+
+    def remove_dataset(self, name: str, *, keep_cache: bool = False) -> dict:
+        return self._request(
+            "DELETE", f"/v1/datasets/{name}", params={"keep_cache": str(keep_cache).lower()}
+        )
+
+    def refresh_dataset(self, name: str) -> dict:
+        return self._request("POST", f"/v1/datasets/{name}/refresh")
+
+    def resolve(self, dataset: str, path: str) -> dict:
+        return self._request("GET", "/v1/resolve", params={"dataset": dataset, "path": path})
+
+    def shutdown(self) -> None:
+        self._request("POST", "/v1/shutdown")
+
+    def metrics(self) -> str:
+        return self._request("GET", "/metrics")

@@ -1,0 +1,127 @@
+"""The worker's local control API (HTTP over a unix socket) and the metrics endpoint.
+
+Used by the `cachefs` CLI, and by same-node readers to resolve a path to local block files for
+short-circuit reads. The socket is mode 0600 in the state directory: whoever can reach it can
+manage this worker. This module defines the HTTP surface only; the work is done by an object
+implementing :class:`WorkerAPI` (the worker), so the layering stays one-way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from cachefs.errors import (
+    CachefsError,
+    ConfigError,
+    DatasetExists,
+    DatasetNotFound,
+    PathNotFound,
+    StoreAuthError,
+    StoreBucketNotFound,
+    StoreError,
+)
+from cachefs.protocol import DatasetSpec
+
+
+class WorkerAPI(Protocol):
+    def status(self) -> dict[str, Any]: ...
+    def list_datasets(self) -> list[dict[str, Any]]: ...
+    async def add_dataset(self, spec: DatasetSpec) -> dict[str, Any]: ...
+    async def remove_dataset(self, name: str, *, keep_cache: bool) -> dict[str, Any]: ...
+    async def refresh_dataset(self, name: str) -> dict[str, Any]: ...
+    def resolve(self, dataset: str, path: str) -> dict[str, Any]: ...
+    def request_shutdown(self) -> None: ...
+    def metrics_text(self) -> bytes: ...
+
+
+def _status_code(exc: CachefsError) -> int:
+    if isinstance(exc, DatasetNotFound | PathNotFound):
+        return 404
+    if isinstance(exc, DatasetExists):
+        return 409
+    if isinstance(exc, ConfigError):
+        return 400
+    if isinstance(exc, StoreAuthError | StoreBucketNotFound):
+        return 424  # the request was fine; the store it names rejected it
+    if isinstance(exc, StoreError):
+        return 502
+    return 500
+
+
+def create_control_app(worker: WorkerAPI) -> FastAPI:
+    app = FastAPI(title="cachefs worker control API", version="1")
+
+    @app.exception_handler(CachefsError)
+    async def _cachefs_error(request: Request, exc: CachefsError) -> JSONResponse:
+        return JSONResponse(
+            {"error": type(exc).__name__, "message": str(exc)}, status_code=_status_code(exc)
+        )
+
+    @app.get("/v1/status")
+    async def status() -> dict:
+        return worker.status()
+
+    @app.get("/v1/datasets")
+    async def list_datasets() -> list:
+        return worker.list_datasets()
+
+    @app.post("/v1/datasets", status_code=201)
+    async def add_dataset(body: dict) -> dict:
+        return await worker.add_dataset(DatasetSpec.from_json(body))
+
+    @app.delete("/v1/datasets/{name}")
+    async def remove_dataset(name: str, keep_cache: bool = False) -> dict:
+        return await worker.remove_dataset(name, keep_cache=keep_cache)
+
+    @app.post("/v1/datasets/{name}/refresh")
+    async def refresh_dataset(name: str) -> dict:
+        return await worker.refresh_dataset(name)
+
+    @app.get("/v1/resolve")
+    async def resolve(dataset: str, path: str) -> dict:
+        return worker.resolve(dataset, path)
+
+    @app.post("/v1/shutdown", status_code=202)
+    async def shutdown() -> dict:
+        worker.request_shutdown()
+        return {"shutting_down": True}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(worker.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def create_metrics_app(worker: WorkerAPI):
+    """A bare ASGI app serving only GET /metrics (for the TCP listener Prometheus scrapes)."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/metrics":
+            status, body, ctype = 200, worker.metrics_text(), CONTENT_TYPE_LATEST
+        else:
+            status, body, ctype = 404, b"only /metrics is served here\n", "text/plain"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", ctype.encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    return app

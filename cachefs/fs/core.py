@@ -1,0 +1,213 @@
+"""The filesystem core: a read-only namespace of datasets over snapshots and the block reader.
+
+No pyfuse3 here (import-linter enforces it): this module speaks plain Python values and raises
+``cachefs.errors`` exceptions; ``fuse_ops`` is the only place that knows about the kernel.
+
+Inode numbers. The mount root is inode 1. Each dataset gets a *slot* (a small integer that the
+registry never reuses), and a snapshot inode ``local`` of that dataset is exposed as
+``slot << 48 | local``. The snapshot keeps ``local`` stable across refreshes, so the kernel's
+dentry/attribute caches stay valid for unchanged paths; a removed and re-added dataset gets a new
+slot, so stale kernel entries of the old one can never resolve to the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from cachefs.errors import BadFileHandle, IsADirectory, NotADirectory, PathNotFound, ReadOnly
+from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.meta import ROOT as SNAPSHOT_ROOT
+from cachefs.meta import Entry, Snapshot
+
+MOUNT_ROOT = 1
+SLOT_SHIFT = 48
+LOCAL_MASK = (1 << SLOT_SHIFT) - 1
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+
+
+@dataclass(frozen=True, slots=True)
+class Attr:
+    """What getattr returns; the adapter turns it into the kernel's struct."""
+
+    ino: int
+    mode: int
+    size: int
+    mtime_ns: int
+    nlink: int
+
+
+class MountedDataset:
+    """A dataset as served under the mount: its current snapshot and where its bytes live."""
+
+    __slots__ = ("name", "slot", "snapshot", "source")
+
+    def __init__(self, name: str, slot: int, snapshot: Snapshot, source: DataSource):
+        self.name = name
+        self.slot = slot
+        self.snapshot = snapshot
+        self.source = source
+
+
+class _OpenFile:
+    __slots__ = ("dataset", "source", "version")
+
+    def __init__(self, dataset: MountedDataset, version: FileVersion):
+        self.dataset = dataset
+        self.source = dataset.source  # kept: reads of an open file survive a refresh
+        self.version = version
+
+
+class FileSystem:
+    def __init__(self, reader: BlockReader):
+        self.reader = reader
+        self._by_name: dict[bytes, MountedDataset] = {}
+        self._by_slot: dict[int, MountedDataset] = {}
+        self._open: dict[int, _OpenFile] = {}
+        self._next_fh = 1
+        self._root_mtime_ns = time.time_ns()
+
+    # --- datasets ----------------------------------------------------------------------------
+
+    def add_dataset(self, dataset: MountedDataset) -> None:
+        if dataset.slot <= 0 or dataset.slot >= 1 << 15:
+            raise ValueError(f"dataset slot {dataset.slot} out of range")
+        self._by_name[dataset.name.encode()] = dataset
+        self._by_slot[dataset.slot] = dataset
+        self._root_mtime_ns = time.time_ns()
+
+    def remove_dataset(self, name: str) -> MountedDataset | None:
+        dataset = self._by_name.pop(name.encode(), None)
+        if dataset is not None:
+            del self._by_slot[dataset.slot]
+            self._root_mtime_ns = time.time_ns()
+        return dataset
+
+    def dataset(self, name: str) -> MountedDataset | None:
+        return self._by_name.get(name.encode())
+
+    def datasets(self) -> list[MountedDataset]:
+        return sorted(self._by_slot.values(), key=lambda d: d.slot)
+
+    def replace_snapshot(self, name: str, snapshot: Snapshot, source: DataSource) -> Snapshot:
+        """Atomically serve a new snapshot (the trio loop is single-threaded); return the old."""
+        dataset = self._by_name[name.encode()]
+        old = dataset.snapshot
+        dataset.snapshot = snapshot
+        dataset.source = source
+        return old
+
+    def global_ino(self, dataset: MountedDataset, local_ino: int) -> int:
+        return dataset.slot << SLOT_SHIFT | local_ino
+
+    # --- namespace ---------------------------------------------------------------------------
+
+    def _dataset_of(self, ino: int) -> MountedDataset:
+        dataset = self._by_slot.get(ino >> SLOT_SHIFT)
+        if dataset is None:
+            raise PathNotFound(f"inode {ino} belongs to no mounted dataset")
+        return dataset
+
+    def _attr(self, dataset: MountedDataset, entry: Entry) -> Attr:
+        return Attr(
+            ino=dataset.slot << SLOT_SHIFT | entry.ino,
+            mode=DIR_MODE if entry.is_dir else FILE_MODE,
+            size=entry.size,
+            mtime_ns=entry.mtime_ns,
+            nlink=entry.nlink,
+        )
+
+    def _root_attr(self) -> Attr:
+        return Attr(MOUNT_ROOT, DIR_MODE, 0, self._root_mtime_ns, 2 + len(self._by_slot))
+
+    def lookup(self, parent: int, name: bytes) -> Attr:
+        if parent == MOUNT_ROOT:
+            dataset = self._by_name.get(name)
+            if dataset is None:
+                raise PathNotFound(f"no dataset named {name!r}")
+            entry = dataset.snapshot.getattr(SNAPSHOT_ROOT)
+        else:
+            dataset = self._dataset_of(parent)
+            entry = dataset.snapshot.lookup(parent & LOCAL_MASK, name)
+        if entry is None:
+            raise PathNotFound(f"{name!r} not found")
+        return self._attr(dataset, entry)
+
+    def getattr(self, ino: int) -> Attr:
+        if ino == MOUNT_ROOT:
+            return self._root_attr()
+        dataset = self._dataset_of(ino)
+        entry = dataset.snapshot.getattr(ino & LOCAL_MASK)
+        if entry is None:
+            raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
+        return self._attr(dataset, entry)
+
+    def readdir(self, ino: int, after: int) -> Iterator[tuple[bytes, Attr, int]]:
+        """(name, attributes, resume token) of each entry after the one ``after`` names (0 =
+        from the start). The token is what the kernel passes back as ``after`` to resume."""
+        if ino == MOUNT_ROOT:
+            for dataset in self.datasets():
+                if dataset.slot > after:
+                    root = dataset.snapshot.getattr(SNAPSHOT_ROOT)
+                    yield dataset.name.encode(), self._attr(dataset, root), dataset.slot
+            return
+        dataset = self._dataset_of(ino)
+        local = ino & LOCAL_MASK
+        entry = dataset.snapshot.getattr(local)
+        if entry is None:
+            raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
+        if not entry.is_dir:
+            raise NotADirectory(f"inode {ino} is not a directory")
+        for child in dataset.snapshot.readdir(local, after):
+            yield child.name, self._attr(dataset, child), child.ino
+
+    def check_directory(self, ino: int) -> None:
+        if ino != MOUNT_ROOT and self.getattr(ino).mode != DIR_MODE:
+            raise NotADirectory(f"inode {ino} is not a directory")
+
+    # --- files -------------------------------------------------------------------------------
+
+    def open(self, ino: int, flags: int) -> int:
+        if flags & _WRITE_FLAGS:
+            raise ReadOnly("cachefs is read-only")
+        if ino == MOUNT_ROOT:
+            raise IsADirectory("the mount root is a directory")
+        dataset = self._dataset_of(ino)
+        entry = dataset.snapshot.getattr(ino & LOCAL_MASK)
+        if entry is None:
+            raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
+        if entry.is_dir:
+            raise IsADirectory(f"{entry.name!r} is a directory")
+        fh = self._next_fh
+        self._next_fh += 1
+        self._open[fh] = _OpenFile(dataset, FileVersion(entry.key, entry.etag, entry.size))
+        return fh
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        handle = self._open.get(fh)
+        if handle is None:
+            raise BadFileHandle(f"file handle {fh} is not open")
+        return await self.reader.read(handle.source, handle.version, offset, size)
+
+    def release(self, fh: int) -> None:
+        self._open.pop(fh, None)
+
+    def open_handles(self) -> int:
+        return len(self._open)
+
+    # --- whole filesystem --------------------------------------------------------------------
+
+    def totals(self) -> tuple[int, int]:
+        """(bytes, files) over all mounted datasets, for statfs."""
+        total_bytes = total_files = 0
+        for dataset in self._by_slot.values():
+            stats = dataset.snapshot.stats
+            total_bytes += stats.bytes
+            total_files += stats.files + stats.dirs
+        return total_bytes, total_files

@@ -1,0 +1,261 @@
+"""Thin pyfuse3 adapter over ``cachefs.fs.core`` — and the only place that maps errors to errno.
+
+Each handler converts arguments, calls the core, converts the result. Every error reaching the
+kernel passes through :func:`_errno_of`. Per-request cost is the budget to beat (DESIGN.md:
+~100 µs per request in pyfuse3), so handlers do no logging on success and no allocation beyond
+the reply.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+
+import pyfuse3
+
+from cachefs.errors import (
+    BadFileHandle,
+    CachefsError,
+    IsADirectory,
+    NotADirectory,
+    PathNotFound,
+    ReadOnly,
+    StoreError,
+)
+from cachefs.fs.core import Attr, FileSystem
+from cachefs.metrics import WorkerMetrics
+
+log = logging.getLogger("cachefs.fuse")
+
+_ERRNO_BY_TYPE: list[tuple[type[Exception], int]] = [
+    (PathNotFound, errno.ENOENT),
+    (ReadOnly, errno.EROFS),
+    (NotADirectory, errno.ENOTDIR),
+    (IsADirectory, errno.EISDIR),
+    (BadFileHandle, errno.EBADF),
+]
+
+
+def _errno_of(exc: Exception, op: str) -> int:
+    """The errno for an exception. Anything unexpected is EIO with one log line that names the
+    dataset, key and cause (StoreError messages carry them)."""
+    for exc_type, code in _ERRNO_BY_TYPE:
+        if isinstance(exc, exc_type):
+            return code
+    if isinstance(exc, StoreError | CachefsError):
+        log.error("%s failed: %s", op, exc)
+    else:
+        log.exception("%s failed with an unexpected error", op)
+    return errno.EIO
+
+
+class FuseOperations(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        metrics: WorkerMetrics,
+        *,
+        entry_timeout: float = 3600.0,
+        attr_timeout: float = 3600.0,
+        uid: int = 0,
+        gid: int = 0,
+    ):
+        super().__init__()
+        self.fs = fs
+        self.metrics = metrics
+        self.entry_timeout = entry_timeout
+        self.attr_timeout = attr_timeout
+        self.uid = uid
+        self.gid = gid
+        self._read_latency = metrics.fuse_latency.get("read")
+        self._lookup_latency = metrics.fuse_latency.get("lookup")
+        self._getattr_latency = metrics.fuse_latency.get("getattr")
+        self._open_latency = metrics.fuse_latency.get("open")
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = attr.ino
+        entry.generation = 0
+        entry.entry_timeout = self.entry_timeout
+        entry.attr_timeout = self.attr_timeout
+        entry.st_mode = attr.mode
+        entry.st_nlink = attr.nlink
+        entry.st_uid = self.uid
+        entry.st_gid = self.gid
+        entry.st_rdev = 0
+        entry.st_size = attr.size
+        entry.st_blksize = 1 << 17
+        entry.st_blocks = (attr.size + 511) // 512
+        entry.st_atime_ns = attr.mtime_ns
+        entry.st_mtime_ns = attr.mtime_ns
+        entry.st_ctime_ns = attr.mtime_ns
+        return entry
+
+    def _fail(self, exc: Exception, op: str) -> pyfuse3.FUSEError:
+        code = _errno_of(exc, op)
+        name = errno.errorcode.get(code, str(code))
+        self.metrics.fuse_errors[name] = self.metrics.fuse_errors.get(name, 0) + 1
+        return pyfuse3.FUSEError(code)
+
+    # --- namespace ---------------------------------------------------------------------------
+
+    async def lookup(self, parent_inode, name, ctx=None):
+        began = time.perf_counter()
+        try:
+            return self._entry(self.fs.lookup(parent_inode, name))
+        except Exception as exc:
+            raise self._fail(exc, "lookup") from None
+        finally:
+            self._lookup_latency.observe(time.perf_counter() - began)
+
+    async def getattr(self, inode, ctx=None):
+        began = time.perf_counter()
+        try:
+            return self._entry(self.fs.getattr(inode))
+        except Exception as exc:
+            raise self._fail(exc, "getattr") from None
+        finally:
+            self._getattr_latency.observe(time.perf_counter() - began)
+
+    async def forget(self, inode_list):
+        return  # inodes are derived from the snapshot: nothing to free
+
+    async def opendir(self, inode, ctx):
+        try:
+            self.fs.check_directory(inode)
+        except Exception as exc:
+            raise self._fail(exc, "opendir") from None
+        return inode
+
+    async def readdir(self, fh, start_id, token):
+        try:
+            for name, attr, next_id in self.fs.readdir(fh, start_id):
+                if not pyfuse3.readdir_reply(token, name, self._entry(attr), next_id):
+                    break
+        except Exception as exc:
+            raise self._fail(exc, "readdir") from None
+
+    async def releasedir(self, fh):
+        return
+
+    async def statfs(self, ctx):
+        total_bytes, total_files = self.fs.totals()
+        stats = pyfuse3.StatvfsData()
+        stats.f_bsize = 1 << 17
+        stats.f_frsize = 4096
+        stats.f_blocks = (total_bytes + 4095) // 4096
+        stats.f_bfree = stats.f_bavail = 0
+        stats.f_files = total_files
+        stats.f_ffree = stats.f_favail = 0
+        stats.f_namemax = 255
+        return stats
+
+    async def getxattr(self, inode, name, ctx):
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    async def listxattr(self, inode, ctx):
+        return []
+
+    async def access(self, inode, mode, ctx):
+        if mode & os.W_OK:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return True
+
+    # --- files -------------------------------------------------------------------------------
+
+    async def open(self, inode, flags, ctx):
+        began = time.perf_counter()
+        try:
+            fh = self.fs.open(inode, flags)
+        except Exception as exc:
+            raise self._fail(exc, "open") from None
+        finally:
+            self._open_latency.observe(time.perf_counter() - began)
+        # keep_cache: the page cache survives close(), so later epochs never reach Python.
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
+
+    async def read(self, fh, off, size):
+        began = time.perf_counter()
+        try:
+            return await self.fs.read(fh, off, size)
+        except Exception as exc:
+            raise self._fail(exc, "read") from None
+        finally:
+            self._read_latency.observe(time.perf_counter() - began)
+
+    async def flush(self, fh):
+        return
+
+    async def release(self, fh):
+        self.fs.release(fh)
+
+    # --- every write path: read-only -----------------------------------------------------------
+
+    async def _read_only(self, *args, **kwargs):
+        self.metrics.fuse_errors["EROFS"] = self.metrics.fuse_errors.get("EROFS", 0) + 1
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    setattr = _read_only
+    mknod = _read_only
+    mkdir = _read_only
+    unlink = _read_only
+    rmdir = _read_only
+    symlink = _read_only
+    rename = _read_only
+    link = _read_only
+    create = _read_only
+    write = _read_only
+    setxattr = _read_only
+    removexattr = _read_only
+    fsync = _read_only
+    fsyncdir = _read_only
+
+    async def readlink(self, inode, ctx):
+        raise pyfuse3.FUSEError(errno.EINVAL)  # there are no symlinks
+
+
+MOUNT_OPTIONS_BASE = ("fsname=cachefs", "subtype=cachefs", "ro", "default_permissions")
+
+
+def mount_options(*, allow_other: bool) -> set[str]:
+    # No max_read: libfuse refuses a mount option that pyfuse3's init() does not also set; the
+    # kernel then uses the largest size both sides support (max_pages, 128 KiB to 1 MiB).
+    options = set(MOUNT_OPTIONS_BASE)
+    if allow_other:
+        options.add("allow_other")
+    return options
+
+
+def mount(ops: FuseOperations, mountpoint: str, options: set[str]) -> None:
+    pyfuse3.init(ops, mountpoint, options)
+
+
+async def serve(max_tasks: int) -> None:
+    """Run pyfuse3's request loop until :func:`terminate` is called."""
+    await pyfuse3.main(min_tasks=1, max_tasks=max_tasks)
+
+
+def terminate() -> None:
+    pyfuse3.terminate()
+
+
+def unmount() -> None:
+    pyfuse3.close(unmount=True)
+
+
+def invalidate_inode(ino: int) -> None:
+    """Drop the kernel's cached attributes and pages of one inode (blocking; call in a thread)."""
+    pyfuse3.invalidate_inode(ino, attr_only=False)
+
+
+def invalidate_entry(parent: int, name: bytes) -> None:
+    """Drop the kernel's dentry for ``name`` under ``parent`` (blocking; call in a thread)."""
+    pyfuse3.invalidate_entry(parent, name)

@@ -1,0 +1,260 @@
+"""Reading a namespace snapshot: getattr, lookup, readdir and resolve straight from LMDB.
+
+The FUSE core calls these inline on the trio loop and from worker threads, so every call is
+one short read transaction doing O(log n + result) work, and nothing of the namespace is kept in
+Python. A snapshot is immutable once built; that is what makes the choices below safe:
+
+* ``lock=False``: LMDB's lock file exists to keep readers and a writer apart. A finished
+  snapshot never has a writer, so readers need no reader-table slot (no shared mutex per
+  transaction, no ``max_readers`` ceiling, no stale slots left by killed processes), the same
+  snapshot may be opened twice in one process (forbidden with locking: closing one handle drops
+  the other's POSIX locks), and a read-only directory works.
+* ``readahead=False``: lookups touch pages at random; kernel read-around would pull in
+  neighbouring pages nobody asked for (see bench/meta_build.py for the measurement).
+* ``close()`` never unmaps the file under a call in flight: it only drops this object's
+  reference to the environment. Each call holds its own reference for its duration (and a
+  ``readdir`` iterator until it is exhausted or discarded), and CPython closes the environment
+  when the last reference goes. LMDB releases the GIL inside its C calls, so an eager close
+  could otherwise unmap memory another thread is reading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import lmdb
+
+from cachefs.errors import CachefsError
+from cachefs.meta.names import MAX_NAME_BYTES
+from cachefs.meta.records import (
+    DB_COUNT,
+    DIRENTS_DB,
+    FORMAT_VERSION,
+    INO,
+    INODES_DB,
+    META_COMPLETE,
+    META_DB,
+    META_FORMAT,
+    META_NEXT_INO,
+    META_STATS,
+    ROOT,
+    Entry,
+    unpack_entry,
+)
+
+# readdir reads this many entries in its first transaction and doubles up to the maximum:
+# the kernel asks for a few dozen entries per call, a `ls` of a big directory for all of them.
+_READDIR_FIRST_CHUNK = 32
+_READDIR_MAX_CHUNK = 1024
+_MAX_KEY_INO = (1 << 64) - 1
+
+
+class SnapshotError(CachefsError):
+    """A snapshot directory that cannot be served (missing, incomplete, wrong format) or a
+    snapshot used after ``close()``."""
+
+
+@dataclass(frozen=True)
+class SnapshotStats:
+    files: int
+    dirs: int  # directories below the root
+    bytes: int  # total size of the files
+    skipped: dict[str, int]  # reason -> count (only reasons that occurred; see names.py)
+    skipped_samples: list[str]  # up to 20 skipped keys as ascii() reprs (safe to print)
+    built_at: float  # unix time
+    build_seconds: float
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> SnapshotStats:
+        return cls(**json.loads(data))
+
+
+class Snapshot:
+    """A read-only view of one built snapshot; thread-safe, many concurrent readers."""
+
+    def __init__(
+        self, env: lmdb.Environment, path: str, stats: SnapshotStats, next_ino: int
+    ) -> None:
+        # Use Snapshot.open(); this only wires up an environment that open() has checked.
+        self._env: lmdb.Environment | None = env
+        self._inodes = env.open_db(INODES_DB, create=False)
+        self._dirents = env.open_db(DIRENTS_DB, create=False)
+        self.path = path
+        self.stats = stats
+        self._next_ino = next_ino  # refreshes allocate new inodes from here
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Snapshot:
+        """Open a complete snapshot read-only; raises SnapshotError naming the problem."""
+        path = os.fspath(path)
+        env = _shared_env(path)
+        stats, next_ino = _read_meta(env, path)
+        return cls(env, path, stats, next_ino)
+
+    def close(self) -> None:
+        """Stop serving from this snapshot. Calls already running (and readdir iterators already
+        handed out) finish normally; later calls raise SnapshotError."""
+        self._env = None
+
+    def getattr(self, ino: int) -> Entry | None:
+        if not 0 < ino <= _MAX_KEY_INO:
+            return None
+        with self._live_env().begin(db=self._inodes) as txn:
+            record = txn.get(INO.pack(ino))
+        return None if record is None else unpack_entry(ino, record)
+
+    def lookup(self, parent: int, name: bytes) -> Entry | None:
+        if not 0 < parent <= _MAX_KEY_INO or not 0 < len(name) <= MAX_NAME_BYTES:
+            return None
+        with self._live_env().begin(db=self._inodes) as txn:
+            return self._lookup_in(txn, INO.pack(parent), name)
+
+    def resolve(self, path: str) -> Entry | None:
+        """The entry at ``path`` relative to the root ("" is the root, no leading slash)."""
+        env = self._live_env()
+        with env.begin(db=self._inodes) as txn:
+            if not path:
+                return unpack_entry(ROOT, txn.get(INO.pack(ROOT)))
+            entry = None
+            parent_key = INO.pack(ROOT)
+            for part in path.split("/"):
+                try:
+                    name = part.encode("utf-8")
+                except UnicodeEncodeError:
+                    return None
+                if not 0 < len(name) <= MAX_NAME_BYTES:
+                    return None
+                entry = self._lookup_in(txn, parent_key, name)
+                if entry is None:
+                    return None
+                parent_key = INO.pack(entry.ino)
+            return entry
+
+    def readdir(self, ino: int, after: int = 0) -> Iterator[Entry]:
+        """Children of directory ``ino`` sorted by name bytes; if ``after`` is a child's ino,
+        start right after that child. Yields nothing if ``ino`` is not a directory or ``after``
+        is not one of its children (e.g. it was removed by a refresh between two calls).
+
+        Entries are read in chunks, each in its own short transaction, so an iterator the
+        caller abandons (a full kernel buffer) holds no transaction open and wasted little work.
+        The iterator keeps the environment alive until it is exhausted or discarded.
+        """
+        return self._iter_children(self._live_env(), ino, after)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _live_env(self) -> lmdb.Environment:
+        env = self._env
+        if env is None:
+            raise SnapshotError(f"snapshot at {self.path!r} is closed")
+        return env
+
+    def _lookup_in(self, txn: lmdb.Transaction, parent_key: bytes, name: bytes) -> Entry | None:
+        child_key = txn.get(parent_key + name, db=self._dirents)
+        if child_key is None:
+            return None
+        return unpack_entry(INO.unpack(child_key)[0], txn.get(child_key))
+
+    def _iter_children(self, env: lmdb.Environment, ino: int, after: int) -> Iterator[Entry]:
+        if not 0 < ino <= _MAX_KEY_INO:
+            return
+        prefix = INO.pack(ino)
+        start = prefix
+        if after:
+            if not 0 < after <= _MAX_KEY_INO:
+                return
+            with env.begin(db=self._inodes) as txn:
+                record = txn.get(INO.pack(after))
+            after_entry = None if record is None else unpack_entry(after, record)
+            if after_entry is None or after_entry.parent != ino or after == ROOT:
+                return
+            start = prefix + after_entry.name
+        skip_start = bool(after)
+        chunk_size = _READDIR_FIRST_CHUNK
+        while True:
+            chunk = self._read_children(env, prefix, start, skip_start, chunk_size)
+            yield from chunk
+            if len(chunk) < chunk_size:
+                return
+            start = prefix + chunk[-1].name
+            skip_start = True
+            chunk_size = min(chunk_size * 2, _READDIR_MAX_CHUNK)
+
+    def _read_children(
+        self, env: lmdb.Environment, prefix: bytes, start: bytes, skip_start: bool, limit: int
+    ) -> list[Entry]:
+        """Up to ``limit`` children whose dirent key is >= ``start`` (> if ``skip_start``)."""
+        entries: list[Entry] = []
+        with env.begin(db=self._inodes) as txn:
+            cursor = txn.cursor(db=self._dirents)
+            if not cursor.set_range(start):
+                return entries
+            if skip_start and cursor.key() == start and not cursor.next():
+                return entries
+            for dirent_key, child_key in cursor.iternext():
+                if not dirent_key.startswith(prefix) or len(entries) == limit:
+                    break
+                entries.append(unpack_entry(INO.unpack(child_key)[0], txn.get(child_key)))
+        return entries
+
+
+# py-lmdb refuses to open one environment twice in a process (a second handle would share, and
+# on close drop, the first one's POSIX locks). Snapshots of the same directory share one
+# Environment instead; it closes when the last of them lets go.
+_open_envs: weakref.WeakValueDictionary[tuple[int, int], lmdb.Environment] = (
+    weakref.WeakValueDictionary()
+)
+_open_envs_lock = threading.Lock()
+
+
+def _shared_env(path: str) -> lmdb.Environment:
+    try:
+        data_file = os.stat(os.path.join(path, "data.mdb"))
+    except FileNotFoundError:
+        raise SnapshotError(f"no snapshot at {path!r}: data.mdb does not exist") from None
+    file_id = (data_file.st_dev, data_file.st_ino)
+    with _open_envs_lock:
+        env = _open_envs.get(file_id)
+        if env is None:
+            try:
+                env = lmdb.open(
+                    path, readonly=True, lock=False, readahead=False, max_dbs=DB_COUNT, create=False
+                )
+            except lmdb.Error as err:
+                raise SnapshotError(f"cannot open snapshot at {path!r}: {err}") from err
+            _open_envs[file_id] = env
+    return env
+
+
+def _read_meta(env: lmdb.Environment, path: str) -> tuple[SnapshotStats, int]:
+    """Check that ``env`` is a complete snapshot of our format; return its stats and next ino."""
+    try:
+        meta_db = env.open_db(META_DB, create=False)
+    except lmdb.NotFoundError:
+        raise SnapshotError(
+            f"{path!r} is not a cachefs snapshot (no {META_DB.decode()} database)"
+        ) from None
+    with env.begin(db=meta_db) as txn:
+        version = txn.get(META_FORMAT)
+        complete = txn.get(META_COMPLETE)
+        stats = txn.get(META_STATS)
+        next_ino = txn.get(META_NEXT_INO)
+    if version != FORMAT_VERSION:
+        raise SnapshotError(
+            f"snapshot at {path!r} has format {version!r}, this version reads "
+            f"{FORMAT_VERSION!r}; rebuild it"
+        )
+    if complete is None or stats is None or next_ino is None:
+        raise SnapshotError(
+            f"snapshot at {path!r} is incomplete (its build did not finish); delete it and "
+            "build a new one"
+        )
+    return SnapshotStats.from_json(stats), INO.unpack(next_ino)[0]

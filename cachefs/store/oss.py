@@ -1,0 +1,313 @@
+"""Alibaba Cloud OSS object store, on oss2 (an optional dependency: ``pip install cachefs[oss]``).
+
+Like the S3 store: our retry loop is the only one (oss2's iterators, which retry on their own,
+are not used — pages are fetched with ``list_objects_v2`` directly), and every SDK exception is
+translated by exactly one function, :func:`_map_error`.
+
+Thread safety: oss2 sends requests through a ``requests.Session``, which is not documented as
+safe to share between threads, so each thread gets its own ``oss2.Bucket`` and session
+(``threading.local``); they die with their thread, and ``close()`` closes those still alive.
+
+Credentials: the ini file ``credentials_file`` (section ``[default]``, or ``[<profile>]``, with
+``access_key_id`` and ``access_key_secret``) when configured, else the environment variables
+``OSS_ACCESS_KEY_ID`` / ``OSS_ACCESS_KEY_SECRET``. They are sent as OSS V1 signatures and never
+appear in messages or logs.
+"""
+
+from __future__ import annotations
+
+import configparser
+import functools
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import oss2
+import oss2.exceptions
+import requests.exceptions
+import urllib3.exceptions
+
+from cachefs.errors import (
+    ConfigError,
+    ObjectChanged,
+    ObjectNotFound,
+    StoreAuthError,
+    StoreBucketNotFound,
+    StoreError,
+    StoreIOError,
+    StoreUnavailable,
+)
+from cachefs.store.base import ObjectInfo, StoreConfig
+from cachefs.store.retry import (
+    ShortBody,
+    call_ranged_read_with_retries,
+    call_with_retries,
+    check_body_length,
+    network_failure_reason,
+)
+from cachefs.store.uri import check_endpoint, parse_uri
+
+T = TypeVar("T")
+
+#: OSS's own maximum page size for ListObjectsV2.
+MAX_PAGE_SIZE = 1000
+#: Connections per thread's session (each thread runs one request at a time).
+_CONNECTIONS_PER_THREAD = 2
+
+_TRANSIENT_CODES = frozenset({"InternalError", "ServiceUnavailable", "RequestTimeout"})
+_AUTH_CODES = frozenset(
+    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "SecurityTokenExpired"}
+)
+_CHANGED = "the object changed in the store since the dataset snapshot (refresh the dataset)"
+
+
+class OSSStore:
+    """An :class:`~cachefs.store.base.ObjectStore` for ``oss://bucket/prefix`` URIs.
+
+    The endpoint comes from ``config.endpoint``, or from ``config.region`` as
+    ``https://oss-<region>.aliyuncs.com``. oss2 addresses buckets virtual-hosted style
+    (``bucket.endpoint-host``) except for IP/localhost endpoints, where it uses path style
+    (``http://127.0.0.1:port/bucket/key``); ``config.path_style=True`` forces path style.
+    ``page_size`` (1..1000) is the listing page size; only tests need to change it.
+    """
+
+    def __init__(self, config: StoreConfig, *, page_size: int = MAX_PAGE_SIZE):
+        source = parse_uri(config.uri)
+        if source.scheme != "oss":
+            raise ConfigError(f"OSSStore cannot open {config.uri!r}: it is not an oss:// URI")
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page_size must be 1..{MAX_PAGE_SIZE}, not {page_size}")
+        self._endpoint = _endpoint_of(config)
+        self.description = f"{source} at {self._endpoint}"
+        self._bucket_name = source.bucket
+        self._prefix = source.prefix
+        self._dataset = config.dataset
+        self._retry = config.retry
+        self._page_size = page_size
+        self._timeouts = (config.connect_timeout_s, config.read_timeout_s)
+        self._path_style = bool(config.path_style)
+        self._auth = oss2.Auth(*self._credentials(config))
+        self._per_thread = threading.local()
+        # Weak: a session goes away with its thread (worker threads come and go), and close()
+        # closes whichever are still alive.
+        self._sessions: weakref.WeakSet[oss2.Session] = weakref.WeakSet()
+        self._sessions_lock = threading.Lock()
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        full_prefix = self._prefix + prefix
+        token = ""
+        previous_key: str | None = None
+        while True:
+            page = self._call(
+                f"LIST {full_prefix!r}",
+                "",
+                functools.partial(self._list_page, full_prefix, token),
+            )
+            for entry in page.object_list:
+                key = entry.key[len(self._prefix) :]
+                if previous_key is not None and key <= previous_key:
+                    # Code-point order of str is UTF-8 byte order, which OSS promises.
+                    raise self._error(
+                        StoreIOError,
+                        f"the store listed keys out of order ({key!r} after {previous_key!r})",
+                        key,
+                    )
+                previous_key = key
+                yield ObjectInfo(
+                    key=key,
+                    size=entry.size,
+                    etag=entry.etag,
+                    mtime_ns=entry.last_modified * 1_000_000_000,  # OSS lists whole seconds
+                )
+            if not page.is_truncated:
+                return
+            if not page.next_continuation_token:
+                raise self._error(
+                    StoreIOError,
+                    "the store sent a truncated listing without a continuation token",
+                    prefix,
+                )
+            token = page.next_continuation_token
+
+    def head(self, key: str) -> ObjectInfo:
+        result = self._call(
+            f"HEAD {key!r}", key, lambda: self._bucket().head_object(self._prefix + key)
+        )
+        return ObjectInfo(
+            key=key,
+            size=result.content_length,
+            etag=result.etag,
+            mtime_ns=result.last_modified * 1_000_000_000,
+        )
+
+    def get_range(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        if length == 0:
+            return b""
+        # "standard" makes OSS answer 416 to an unsatisfiable range instead of quietly sending
+        # the whole object (its default); the length check below catches it either way.
+        headers = {"x-oss-range-behavior": "standard"}
+        if etag is not None:
+            headers["If-Match"] = f'"{etag}"'
+        byte_range = (offset, offset + length - 1)
+
+        def get_once() -> bytes:
+            returned_etag, body = self._attempt(
+                key, lambda: self._get_whole_body(key, byte_range, headers)
+            )
+            # A store that ignores If-Match must still not hand us another version's bytes.
+            if etag is not None and returned_etag is not None and returned_etag != etag:
+                raise self._error(ObjectChanged, _CHANGED, key)
+            return check_body_length(
+                body, length, key=key, store=self.description, dataset=self._dataset
+            )
+
+        return call_ranged_read_with_retries(
+            get_once, self._retry, what=f"GET {key!r} bytes {offset}+{length}"
+        )
+
+    def close(self) -> None:
+        with self._sessions_lock:
+            sessions = list(self._sessions)
+        for session in sessions:
+            session.session.close()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _bucket(self) -> oss2.Bucket:
+        """This thread's oss2.Bucket (created on first use)."""
+        bucket = getattr(self._per_thread, "bucket", None)
+        if bucket is None:
+            session = oss2.Session(pool_size=_CONNECTIONS_PER_THREAD)
+            bucket = oss2.Bucket(
+                self._auth,
+                self._endpoint,
+                self._bucket_name,
+                session=session,
+                connect_timeout=self._timeouts,  # oss2 passes this to requests as (connect, read)
+                enable_crc=False,  # ranged reads carry no whole-object CRC to check against
+                is_path_style=self._path_style,
+                is_verify_object_strict=False,  # keys starting with "?" are valid objects
+            )
+            with self._sessions_lock:
+                self._sessions.add(session)
+            self._per_thread.bucket = bucket
+        return bucket
+
+    def _get_whole_body(
+        self, key: str, byte_range: tuple[int, int], headers: dict[str, str]
+    ) -> tuple[str | None, bytes]:
+        result = self._bucket().get_object(
+            self._prefix + key, byte_range=byte_range, headers=headers
+        )
+        try:
+            return result.etag, result.read()
+        except requests.exceptions.ChunkedEncodingError as exc:
+            # requests' name for any body that ended early (chunked or not): retry it, and
+            # never hand out the partial bytes.
+            cause = f"the body was cut short ({type(exc).__name__})"
+            raise self._error(ShortBody, cause, key) from exc
+
+    def _list_page(self, full_prefix: str, token: str) -> oss2.models.ListObjectsV2Result:
+        return self._bucket().list_objects_v2(
+            prefix=full_prefix, continuation_token=token, max_keys=self._page_size
+        )
+
+    def _call(self, what: str, key: str, sdk_call: Callable[[], T]) -> T:
+        return call_with_retries(lambda: self._attempt(key, sdk_call), self._retry, what=what)
+
+    def _attempt(self, key: str, sdk_call: Callable[[], T]) -> T:
+        """Run one SDK call, translating whatever the SDK raises into a StoreError."""
+        try:
+            return sdk_call()
+        except (
+            oss2.exceptions.OssError,
+            requests.exceptions.RequestException,
+            urllib3.exceptions.HTTPError,
+            OSError,
+        ) as exc:
+            raise _map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
+
+    def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
+        return kind(cause, dataset=self._dataset, key=key, store=self.description)
+
+    def _credentials(self, config: StoreConfig) -> tuple[str, str]:
+        if config.credentials_file is not None:
+            return _credentials_from_file(config.credentials_file, config.profile or "default")
+        key_id = os.environ.get("OSS_ACCESS_KEY_ID", "")
+        secret = os.environ.get("OSS_ACCESS_KEY_SECRET", "")
+        if not key_id or not secret:
+            raise self._error(
+                StoreAuthError,
+                "no OSS credentials found (set OSS_ACCESS_KEY_ID and OSS_ACCESS_KEY_SECRET, "
+                "or give a credentials file)",
+                "",
+            )
+        return key_id, secret
+
+
+def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreError:
+    """The one place where OSS SDK exceptions become cachefs store errors.
+
+    Messages use only status codes, OSS error codes and exception class names — never the
+    server's message text, which for SignatureDoesNotMatch quotes the string that was signed.
+    """
+
+    def error(kind: type[StoreError], cause: str) -> StoreError:
+        return kind(cause, dataset=dataset, key=key, store=store)
+
+    if isinstance(exc, oss2.exceptions.RequestError):
+        # oss2 wraps the requests exception raised while sending (refused, reset, timeout).
+        return error(StoreUnavailable, f"the store is unreachable: {network_failure_reason(exc)}")
+    if isinstance(exc, oss2.exceptions.ServerError):
+        status, code = int(exc.status), str(exc.code or "")
+        if status >= 500 or code in _TRANSIENT_CODES:
+            return error(StoreUnavailable, f"the store is unavailable: HTTP {status} {code}")
+        if status in (401, 403) or code in _AUTH_CODES:
+            return error(StoreAuthError, f"credentials rejected by OSS: {code or status}")
+        if code == "NoSuchBucket":
+            return error(StoreBucketNotFound, "the bucket does not exist")
+        if code == "NoSuchKey" or status == 404:
+            return error(ObjectNotFound, "the object does not exist in the store")
+        if code == "PreconditionFailed" or status == 412:
+            return error(ObjectChanged, _CHANGED)
+        return error(StoreIOError, f"unexpected response from the store: HTTP {status} {code}")
+    if isinstance(exc, oss2.exceptions.OssError):
+        # Raised by oss2 itself before or after talking to the server (ClientError and kin).
+        return error(StoreIOError, f"the OSS SDK failed: {type(exc).__name__}")
+    # requests/urllib3/socket errors raised while reading a response body.
+    return error(StoreUnavailable, f"the store is unreachable: {network_failure_reason(exc)}")
+
+
+def _endpoint_of(config: StoreConfig) -> str:
+    if config.endpoint:
+        return check_endpoint(config.endpoint)
+    if config.region:
+        return check_endpoint(f"https://oss-{config.region}.aliyuncs.com")
+    raise ConfigError(
+        f"OSS source {config.uri!r} needs an endpoint (e.g. https://oss-cn-hangzhou.aliyuncs.com) "
+        "or a region (e.g. cn-hangzhou)"
+    )
+
+
+def _credentials_from_file(path: str, section: str) -> tuple[str, str]:
+    """Read ``access_key_id``/``access_key_secret`` from an ini file. Errors name the file,
+    section and option, never a value."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        with open(path, encoding="utf-8") as file:
+            parser.read_file(file)
+    except (OSError, UnicodeDecodeError, configparser.Error) as err:
+        raise ConfigError(
+            f"cannot read the OSS credentials file {path!r}: {type(err).__name__}"
+        ) from None
+    values = []
+    for option in ("access_key_id", "access_key_secret"):
+        value = parser.get(section, option, fallback="").strip()
+        if not value:
+            raise ConfigError(
+                f"OSS credentials file {path!r} has no {option!r} in section [{section}]"
+            )
+        values.append(value)
+    return values[0], values[1]

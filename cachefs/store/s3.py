@@ -1,0 +1,308 @@
+"""S3 (and S3-compatible) object store, on botocore — the engine under boto3.
+
+One botocore client per store, shared by all threads (botocore clients are thread-safe), with a
+connection pool of :data:`POOL_CONNECTIONS`. botocore's own retries are off: every call goes
+through :func:`cachefs.store.retry.call_with_retries`, and every SDK exception is translated
+into our error vocabulary by exactly one function, :func:`_map_error`.
+
+Credentials are looked up by botocore, never by us, and never appear in messages or logs:
+with ``credentials_file`` and/or ``profile`` set, only that profile of that file is used (an
+explicitly configured dataset must not silently pick up whatever AWS_* variables the worker
+process happens to have); otherwise botocore's usual chain applies (AWS_ACCESS_KEY_ID /
+AWS_SECRET_ACCESS_KEY, ~/.aws, container and instance roles).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import botocore.config
+import botocore.exceptions
+import botocore.session
+import urllib3.exceptions
+
+from cachefs.errors import (
+    ConfigError,
+    ObjectChanged,
+    ObjectNotFound,
+    StoreAuthError,
+    StoreBucketNotFound,
+    StoreError,
+    StoreIOError,
+    StoreUnavailable,
+)
+from cachefs.store.base import ObjectInfo, StoreConfig
+from cachefs.store.retry import (
+    ShortBody,
+    call_ranged_read_with_retries,
+    call_with_retries,
+    check_body_length,
+    network_failure_reason,
+)
+from cachefs.store.uri import check_endpoint, parse_uri
+
+T = TypeVar("T")
+
+#: HTTP connections kept per store: enough for the fetch thread pools above us.
+POOL_CONNECTIONS = 32
+#: S3's own maximum page size for ListObjectsV2.
+MAX_PAGE_SIZE = 1000
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+# Error codes that mean "the store is overloaded or hiccuping; try again later".
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "OperationAborted",
+    }
+)
+_CHANGED = "the object changed in the store since the dataset snapshot (refresh the dataset)"
+
+# Error codes that mean "these credentials are wrong, expired or not allowed".
+_AUTH_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AllAccessDisabled",
+        "AccountProblem",
+    }
+)
+
+
+class S3Store:
+    """An :class:`~cachefs.store.base.ObjectStore` for ``s3://bucket/prefix`` URIs.
+
+    ``page_size`` (1..1000) is the ListObjectsV2 page size; only tests need to change it.
+    """
+
+    def __init__(self, config: StoreConfig, *, page_size: int = MAX_PAGE_SIZE):
+        source = parse_uri(config.uri)
+        if source.scheme != "s3":
+            raise ConfigError(f"S3Store cannot open {config.uri!r}: it is not an s3:// URI")
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page_size must be 1..{MAX_PAGE_SIZE}, not {page_size}")
+        endpoint = check_endpoint(config.endpoint) if config.endpoint else None
+        self.description = f"{source} at {endpoint}" if endpoint else str(source)
+        self._bucket = source.bucket
+        self._prefix = source.prefix
+        self._dataset = config.dataset
+        self._retry = config.retry
+        self._page_size = page_size
+        self._client = self._call("connect", "", lambda: _make_client(config, endpoint))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        request: dict[str, Any] = {
+            "Bucket": self._bucket,
+            "Prefix": self._prefix + prefix,
+            "MaxKeys": self._page_size,
+        }
+        previous_key: str | None = None
+        while True:
+            page = self._call(
+                f"LIST {request['Prefix']!r}",
+                "",
+                lambda: self._client.list_objects_v2(**request),
+            )
+            for entry in page.get("Contents", ()):
+                key = entry["Key"][len(self._prefix) :]
+                if previous_key is not None and key <= previous_key:
+                    # Code-point order of str is UTF-8 byte order, which S3 promises.
+                    raise self._error(
+                        StoreIOError,
+                        f"the store listed keys out of order ({key!r} after {previous_key!r})",
+                        key,
+                    )
+                previous_key = key
+                yield _object_info(key, entry["Size"], entry["ETag"], entry["LastModified"])
+            if not page.get("IsTruncated"):
+                return
+            if not page.get("NextContinuationToken"):
+                raise self._error(
+                    StoreIOError,
+                    "the store sent a truncated listing without a continuation token",
+                    prefix,
+                )
+            request["ContinuationToken"] = page["NextContinuationToken"]
+
+    def head(self, key: str) -> ObjectInfo:
+        response = self._call(
+            f"HEAD {key!r}",
+            key,
+            lambda: self._client.head_object(Bucket=self._bucket, Key=self._prefix + key),
+        )
+        return _object_info(
+            key, response["ContentLength"], response["ETag"], response["LastModified"]
+        )
+
+    def get_range(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        if length == 0:
+            return b""
+        request = {
+            "Bucket": self._bucket,
+            "Key": self._prefix + key,
+            "Range": f"bytes={offset}-{offset + length - 1}",
+        }
+        if etag is not None:
+            request["IfMatch"] = f'"{etag}"'
+
+        def get_once() -> bytes:
+            response, body = self._attempt(key, lambda: self._get_whole_body(key, request))
+            # A store that ignores If-Match must still not hand us another version's bytes.
+            returned_etag = response.get("ETag")
+            if etag is not None and returned_etag is not None and returned_etag.strip('"') != etag:
+                raise self._error(ObjectChanged, _CHANGED, key)
+            return check_body_length(
+                body, length, key=key, store=self.description, dataset=self._dataset
+            )
+
+        return call_ranged_read_with_retries(
+            get_once, self._retry, what=f"GET {key!r} bytes {offset}+{length}"
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _get_whole_body(self, key: str, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        response = self._client.get_object(**request)
+        body = response["Body"]  # not "with": StreamingBody.__enter__ returns the raw stream
+        try:
+            return response, body.read()
+        except (
+            botocore.exceptions.IncompleteReadError,
+            botocore.exceptions.ResponseStreamingError,
+        ) as exc:
+            # The connection died mid-body: retry, and never hand out the partial bytes.
+            cause = f"the body was cut short ({type(exc).__name__})"
+            raise self._error(ShortBody, cause, key) from exc
+        finally:
+            body.close()
+
+    def _call(self, what: str, key: str, sdk_call: Callable[[], T]) -> T:
+        return call_with_retries(lambda: self._attempt(key, sdk_call), self._retry, what=what)
+
+    def _attempt(self, key: str, sdk_call: Callable[[], T]) -> T:
+        """Run one SDK call, translating whatever the SDK raises into a StoreError."""
+        try:
+            return sdk_call()
+        except (
+            botocore.exceptions.BotoCoreError,
+            botocore.exceptions.ClientError,
+            urllib3.exceptions.HTTPError,
+            OSError,
+        ) as exc:
+            raise _map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
+
+    def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
+        return kind(cause, dataset=self._dataset, key=key, store=self.description)
+
+
+def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreError:
+    """The one place where S3 SDK exceptions become cachefs store errors.
+
+    Messages use only status codes, S3 error codes and exception class names — never the
+    server's message text or the exception's own string, which can quote signed requests.
+    """
+
+    def error(kind: type[StoreError], cause: str) -> StoreError:
+        return kind(cause, dataset=dataset, key=key, store=store)
+
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        if status >= 500 or code in _TRANSIENT_CODES:
+            return error(StoreUnavailable, f"the store is unavailable: HTTP {status} {code}")
+        if status in (401, 403) or code in _AUTH_CODES:
+            return error(StoreAuthError, f"credentials rejected by S3: {code or status}")
+        if code == "NoSuchBucket":
+            return error(StoreBucketNotFound, "the bucket does not exist")
+        if code in ("NoSuchKey", "NotFound", "404") or status == 404:
+            # HEAD has no body, so S3 cannot say whether the key or the bucket is missing.
+            return error(ObjectNotFound, "the object does not exist in the store")
+        if code == "PreconditionFailed" or status == 412:
+            return error(ObjectChanged, _CHANGED)
+        return error(StoreIOError, f"unexpected response from the store: HTTP {status} {code}")
+    if isinstance(
+        exc, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)
+    ):
+        return error(
+            StoreAuthError,
+            "no usable S3 credentials found (set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, a profile or a credentials file)",
+        )
+    if isinstance(exc, botocore.exceptions.ProfileNotFound):
+        return error(
+            StoreAuthError,
+            f"AWS profile {exc.kwargs.get('profile')!r} not found in "
+            "the credentials or config file",
+        )
+    if isinstance(exc, botocore.exceptions.SSLError):
+        return error(StoreIOError, "TLS handshake with the store failed (SSLError)")
+    if isinstance(
+        exc,
+        (
+            botocore.exceptions.ConnectionError,
+            botocore.exceptions.HTTPClientError,
+            botocore.exceptions.IncompleteReadError,
+            urllib3.exceptions.HTTPError,
+            OSError,
+        ),
+    ):
+        return error(StoreUnavailable, f"the store is unreachable: {network_failure_reason(exc)}")
+    return error(StoreIOError, f"unexpected failure talking to the store: {type(exc).__name__}")
+
+
+def _make_client(config: StoreConfig, endpoint: str | None) -> Any:
+    profile = config.profile
+    if config.credentials_file is not None:
+        if not os.access(config.credentials_file, os.R_OK):
+            raise ConfigError(
+                f"S3 credentials file {config.credentials_file!r} does not exist or is not readable"
+            )
+        # Naming a profile explicitly makes botocore skip the AWS_* environment variables.
+        profile = profile or "default"
+    session = botocore.session.Session(profile=profile)
+    if config.credentials_file is not None:
+        session.set_config_variable("credentials_file", config.credentials_file)
+    path_style = config.path_style if config.path_style is not None else endpoint is not None
+    client_config = botocore.config.Config(
+        connect_timeout=config.connect_timeout_s,
+        read_timeout=config.read_timeout_s,
+        retries={"total_max_attempts": 1},  # ours is the only retry loop
+        max_pool_connections=POOL_CONNECTIONS,
+        s3={"addressing_style": "path" if path_style else "virtual"},
+        # Ranged reads carry no whole-object checksum, and many S3-compatible stores reject
+        # the newer checksum headers: only send/check checksums where the API demands them.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    region = config.region or session.get_config_variable("region") or "us-east-1"
+    return session.create_client(
+        "s3", endpoint_url=endpoint, region_name=region, config=client_config
+    )
+
+
+def _object_info(key: str, size: int, etag: str, last_modified: datetime.datetime) -> ObjectInfo:
+    return ObjectInfo(
+        key=key, size=int(size), etag=etag.strip('"'), mtime_ns=_datetime_to_ns(last_modified)
+    )
+
+
+def _datetime_to_ns(moment: datetime.datetime) -> int:
+    # Integer arithmetic: float timestamps lose the last digits of nanosecond values.
+    return (moment - _EPOCH) // datetime.timedelta(microseconds=1) * 1000

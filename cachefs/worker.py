@@ -1,0 +1,614 @@
+"""The per-node worker: one trio nursery running the FUSE mount, the control API, the metrics
+endpoint and housekeeping. `cachefs up` runs this in the foreground.
+
+Lifecycle: take the state-directory lock → open the cache index and registry → open each
+dataset's snapshot → mount → serve until SIGINT/SIGTERM or `cachefs down` → unmount cleanly →
+flush the cache index (so the next start is warm).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import trio
+import xxhash
+
+from cachefs import __version__
+from cachefs.cache import TierConfig, TieredBlockCache
+from cachefs.cache.base import BlockKey, source_id_of
+from cachefs.control import WorkerAPI, create_control_app, create_metrics_app
+from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound, PathNotFound
+from cachefs.fs import fuse_ops
+from cachefs.fs.blocks import BlockReader, DataSource, ReadLimits
+from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
+from cachefs.meta import BuildResult, Snapshot, build_snapshot
+from cachefs.metrics import WorkerMetrics, counter, gauge, make_registry
+from cachefs.protocol import DatasetSpec
+from cachefs.registry import Registry
+from cachefs.store import StoreConfig, open_store
+from cachefs.store.base import RetryPolicy
+
+log = logging.getLogger("cachefs.worker")
+
+
+def default_ram_dir(state_dir: str) -> str:
+    """A per-state-directory folder on tmpfs, so several workers on one machine never collide."""
+    tag = xxhash.xxh3_64_hexdigest(os.path.abspath(state_dir).encode())[:12]
+    return f"/dev/shm/cachefs-{tag}"
+
+
+@dataclass
+class WorkerConfig:
+    state_dir: str
+    mountpoint: str
+    ram_capacity: int
+    ram_dir: str | None = None
+    ram_reserve: int = 0
+    ssd_dir: str | None = None
+    ssd_capacity: int = 0
+    ssd_reserve: int = 0
+    admission: str = "avoid-eviction"
+    promote: bool = False
+    entry_timeout: float = 3600.0
+    attr_timeout: float = 3600.0
+    max_tasks: int = 64
+    allow_other: bool = True
+    metrics_listen: str | None = "127.0.0.1:9464"
+    node: str = field(default_factory=socket.gethostname)
+    limits: ReadLimits = field(default_factory=ReadLimits)
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.state_dir, "worker.sock")
+
+
+class Worker(WorkerAPI):
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.metrics = WorkerMetrics()
+        self.started_at = time.time()
+        self._shutdown = trio.Event()
+        self._build_limiter = trio.CapacityLimiter(2)
+        self._dataset_locks: dict[str, trio.Lock] = {}
+        self._errors: dict[str, str] = {}  # dataset -> last refresh error (shown in status)
+        self._last_refresh: dict[str, float] = {}
+        self._metrics_registry = make_registry(self.metrics, self._gauges)
+        self.mounted = False
+        self.cache: TieredBlockCache | None = None
+        self.registry: Registry | None = None
+        self.fs: FileSystem | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
+        lock_file = self._take_lock()
+        try:
+            self._open_state()
+            try:
+                await self._serve(task_status)
+            finally:
+                self._close_state()
+        finally:
+            lock_file.close()
+
+    def _take_lock(self):
+        path = os.path.join(self.config.state_dir, "worker.lock")
+        lock_file = open(path, "a+")  # noqa: SIM115 - held for the worker's lifetime
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.seek(0)
+            pid = lock_file.read().strip() or "?"
+            lock_file.close()
+            raise ConfigError(
+                f"another cachefs worker (pid {pid}) is using state directory "
+                f"{self.config.state_dir}; stop it with `cachefs down` or pass another --state"
+            ) from None
+        lock_file.truncate(0)
+        lock_file.write(str(os.getpid()))
+        lock_file.flush()
+        return lock_file
+
+    def _open_state(self) -> None:
+        cfg = self.config
+        tiers = [
+            TierConfig(
+                "ram",
+                cfg.ram_dir or default_ram_dir(cfg.state_dir),
+                cfg.ram_capacity,
+                cfg.ram_reserve,
+            )
+        ]
+        if cfg.ssd_dir and cfg.ssd_capacity > 0:
+            tiers.append(TierConfig("ssd", cfg.ssd_dir, cfg.ssd_capacity, cfg.ssd_reserve))
+        self.cache = TieredBlockCache(
+            os.path.join(cfg.state_dir, "cache-index"),
+            tiers,
+            admission=cfg.admission,
+            promote=cfg.promote,
+        )
+        self.registry = Registry(os.path.join(cfg.state_dir, "registry"))
+        self.fs = FileSystem(BlockReader(self.cache, self.metrics, cfg.limits))
+        os.makedirs(self._snapshot_root, exist_ok=True)
+        for spec in self.registry.list():
+            try:
+                self._mount_existing(spec)
+            except CachefsError as exc:
+                self._errors[spec.name] = str(exc)
+                log.error("dataset %r not served: %s", spec.name, exc)
+        self._remove_orphan_snapshots()
+
+    def _close_state(self) -> None:
+        if self.fs is not None:
+            for dataset in self.fs.datasets():
+                dataset.snapshot.close()
+                dataset.source.store.close()
+        if self.cache is not None:
+            self.cache.close()
+        if self.registry is not None:
+            self.registry.close()
+
+    async def _serve(self, task_status) -> None:
+        from hypercorn.config import Config as HypercornConfig
+        from hypercorn.trio import serve as hypercorn_serve
+
+        cfg = self.config
+        prepare_mountpoint(cfg.mountpoint)
+        ops = fuse_ops.FuseOperations(
+            self.fs, self.metrics, entry_timeout=cfg.entry_timeout, attr_timeout=cfg.attr_timeout
+        )
+        fuse_ops.mount(
+            ops,
+            cfg.mountpoint,
+            fuse_ops.mount_options(allow_other=cfg.allow_other),
+        )
+        self.mounted = True
+        log.info("mounted %s (state %s)", cfg.mountpoint, cfg.state_dir)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._run_fuse)
+                if os.path.exists(cfg.socket_path):
+                    os.unlink(cfg.socket_path)  # left by a killed worker; we hold the lock
+                control = HypercornConfig()
+                control.bind = [f"unix:{cfg.socket_path}"]
+                control.accesslog = None
+                control.errorlog = logging.getLogger("cachefs.control")
+                control.graceful_timeout = 1.0
+                await nursery.start(
+                    partial(
+                        hypercorn_serve,
+                        create_control_app(self),
+                        control,
+                        shutdown_trigger=self._shutdown.wait,
+                    )
+                )
+                os.chmod(cfg.socket_path, 0o600)
+                if cfg.metrics_listen:
+                    metrics = HypercornConfig()
+                    metrics.bind = [cfg.metrics_listen]
+                    metrics.accesslog = None
+                    metrics.errorlog = logging.getLogger("cachefs.metrics")
+                    metrics.graceful_timeout = 1.0
+                    await nursery.start(
+                        partial(
+                            hypercorn_serve,
+                            create_metrics_app(self),
+                            metrics,
+                            shutdown_trigger=self._shutdown.wait,
+                        )
+                    )
+                # The servers and FUSE loop above end on their own once shutdown is set
+                # (hypercorn finishes in-flight requests, e.g. the reply to /v1/shutdown); the
+                # background tasks below never end by themselves, so they are cancelled.
+                async with trio.open_nursery() as background:
+                    background.start_soon(self._housekeeping)
+                    background.start_soon(self._watch_signals)
+                    task_status.started()
+                    await self._shutdown.wait()
+                    fuse_ops.terminate()
+                    background.cancel_scope.cancel()
+                nursery.cancel_scope.deadline = trio.current_time() + 10  # never hang on exit
+        finally:
+            fuse_ops.unmount()
+            self.mounted = False
+            log.info("unmounted %s", cfg.mountpoint)
+
+    async def _run_fuse(self) -> None:
+        try:
+            await fuse_ops.serve(self.config.max_tasks)
+        finally:
+            self._shutdown.set()  # if FUSE stops (e.g. `umount` from outside), stop the worker
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s, shutting down", signal.Signals(signum).name)
+                self._shutdown.set()
+                return
+
+    async def _housekeeping(self) -> None:
+        """Periodic index flush (LRU stamps, durability) and scheduled dataset refreshes."""
+        while True:
+            await trio.sleep(1.0)
+            await trio.to_thread.run_sync(self.cache.flush)
+            now = time.time()
+            for spec in self.registry.list():
+                interval = spec.refresh_interval_s
+                if (
+                    interval
+                    and now - self._last_refresh.get(spec.name, self.started_at) >= interval
+                ):
+                    self._last_refresh[spec.name] = now
+                    try:
+                        await self.refresh_dataset(spec.name)
+                    except CachefsError as exc:
+                        log.error("scheduled refresh of %r failed: %s", spec.name, exc)
+
+    def request_shutdown(self) -> None:
+        self._shutdown.set()
+
+    # --- datasets ----------------------------------------------------------------------------
+
+    @property
+    def _snapshot_root(self) -> str:
+        return os.path.join(self.config.state_dir, "snapshots")
+
+    def _lock_for(self, name: str) -> trio.Lock:
+        return self._dataset_locks.setdefault(name, trio.Lock())
+
+    def _open_source(self, spec: DatasetSpec) -> DataSource:
+        store = open_store(
+            StoreConfig(
+                uri=spec.uri,
+                endpoint=spec.endpoint,
+                region=spec.region,
+                path_style=spec.path_style,
+                profile=spec.profile,
+                credentials_file=spec.credentials_file,
+                connect_timeout_s=min(5.0, spec.timeout_s),
+                read_timeout_s=spec.timeout_s,
+                retry=RetryPolicy(deadline_s=2 * spec.timeout_s),
+                dataset=spec.name,
+            )
+        )
+        return DataSource(spec.name, store, source_id_of(spec.uri, spec.endpoint), spec.block_size)
+
+    def _mount_existing(self, spec: DatasetSpec) -> None:
+        snapshot_dir = os.path.join(self._snapshot_root, spec.extra.get("snapshot", ""))
+        snapshot = Snapshot.open(snapshot_dir)
+        self.fs.add_dataset(MountedDataset(spec.name, spec.slot, snapshot, self._open_source(spec)))
+
+    def _remove_orphan_snapshots(self) -> None:
+        """Snapshot dirs left by a crash mid-build or mid-refresh are deleted at start."""
+        in_use = {spec.extra.get("snapshot") for spec in self.registry.list()}
+        for entry in os.scandir(self._snapshot_root):
+            if entry.name not in in_use:
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+    async def _build(self, spec: DatasetSpec, source: DataSource, previous: Snapshot | None):
+        """List the store into a new snapshot directory (in a thread). Returns (dirname, result)."""
+        dirname = f"{spec.name}-{secrets.token_hex(4)}"
+        dest = os.path.join(self._snapshot_root, dirname)
+        began = time.perf_counter()
+        try:
+            result: BuildResult = await trio.to_thread.run_sync(
+                lambda: build_snapshot(source.store.list(), dest, previous=previous),
+                limiter=self._build_limiter,
+            )
+        except BaseException as exc:
+            self.metrics.store_request("list", type(exc).__name__, time.perf_counter() - began)
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        self.metrics.store_request("list", "ok", time.perf_counter() - began)
+        return dirname, result
+
+    async def add_dataset(self, spec: DatasetSpec) -> dict[str, Any]:
+        async with self._lock_for(spec.name):
+            if self.fs.dataset(spec.name) is not None:
+                raise DatasetExists(f"dataset {spec.name!r} already exists")
+            source = self._open_source(spec)
+            try:
+                dirname, result = await self._build(spec, source, previous=None)
+            except BaseException:
+                source.store.close()
+                raise
+            spec.extra["snapshot"] = dirname
+            spec.generation = 1
+            try:
+                spec = self.registry.add(spec)
+            except BaseException:
+                shutil.rmtree(os.path.join(self._snapshot_root, dirname), ignore_errors=True)
+                source.store.close()
+                raise
+            snapshot = Snapshot.open(os.path.join(self._snapshot_root, dirname))
+            self.fs.add_dataset(MountedDataset(spec.name, spec.slot, snapshot, source))
+            self._errors.pop(spec.name, None)
+            self._last_refresh[spec.name] = time.time()
+            await self._invalidate(MOUNT_ROOT, None)
+            log.info(
+                "dataset %r added: %d files, %d bytes",
+                spec.name,
+                result.stats.files,
+                result.stats.bytes,
+            )
+            return self._dataset_status(spec)
+
+    async def remove_dataset(self, name: str, *, keep_cache: bool) -> dict[str, Any]:
+        async with self._lock_for(name):
+            spec = self.registry.get(name)
+            dataset = self.fs.remove_dataset(name)
+            await self._invalidate(MOUNT_ROOT, name.encode())
+            self.registry.remove(name)
+            self._errors.pop(name, None)
+            freed = 0
+            if dataset is not None:
+                if not keep_cache:
+                    freed = await trio.to_thread.run_sync(
+                        self.cache.evict_source, dataset.source.source_id
+                    )
+                dataset.snapshot.close()
+                dataset.source.store.close()
+            shutil.rmtree(
+                os.path.join(self._snapshot_root, spec.extra.get("snapshot", "-")),
+                ignore_errors=True,
+            )
+            return {"name": name, "removed": True, "freed_bytes": freed}
+
+    async def refresh_dataset(self, name: str) -> dict[str, Any]:
+        async with self._lock_for(name):
+            spec = self.registry.get(name)
+            dataset = self.fs.dataset(name)
+            if dataset is None:  # failed to open at start: rebuild from scratch
+                source = self._open_source(spec)
+                previous = None
+            else:
+                source, previous = dataset.source, dataset.snapshot
+            try:
+                dirname, result = await self._build(spec, source, previous)
+            except CachefsError as exc:
+                self._errors[name] = str(exc)
+                raise
+            new_snapshot = Snapshot.open(os.path.join(self._snapshot_root, dirname))
+            old_dir = spec.extra.get("snapshot")
+            spec.extra["snapshot"] = dirname
+            spec.generation += 1
+            self.registry.update(spec)
+            if dataset is None:
+                self.fs.add_dataset(MountedDataset(name, spec.slot, new_snapshot, source))
+            else:
+                self.fs.replace_snapshot(name, new_snapshot, source).close()
+                await self._invalidate_changes(dataset, result)
+            shutil.rmtree(os.path.join(self._snapshot_root, old_dir or "-"), ignore_errors=True)
+            self._errors.pop(name, None)
+            self._last_refresh[name] = time.time()
+            status = self._dataset_status(spec)
+            status["changed"] = len(result.changed_inos)
+            status["removed"] = len(result.removed)
+            return status
+
+    async def _invalidate_changes(self, dataset: MountedDataset, result: BuildResult) -> None:
+        """Make the kernel forget what changed, so a refreshed file never shows old bytes."""
+        if result.overflow:  # too many to list: drop the whole dataset's dentry subtree
+            await self._invalidate(MOUNT_ROOT, dataset.name.encode())
+            return
+        for local_ino in result.changed_inos:
+            await self._invalidate(self.fs.global_ino(dataset, local_ino), None)
+        for parent_local, name in result.removed:
+            await self._invalidate(self.fs.global_ino(dataset, parent_local), name)
+
+    async def _invalidate(self, ino: int, name: bytes | None) -> None:
+        if not self.mounted:
+            return
+        call = (
+            partial(fuse_ops.invalidate_inode, ino)
+            if name is None
+            else partial(fuse_ops.invalidate_entry, ino, name)
+        )
+        try:
+            await trio.to_thread.run_sync(call)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # not cached: nothing to forget
+                log.warning("kernel cache invalidation failed: %s", exc)
+
+    # --- read-side API -----------------------------------------------------------------------
+
+    def list_datasets(self) -> list[dict[str, Any]]:
+        return [self._dataset_status(spec) for spec in self.registry.list()]
+
+    def _dataset_status(self, spec: DatasetSpec) -> dict[str, Any]:
+        dataset = self.fs.dataset(spec.name)
+        status: dict[str, Any] = {
+            "name": spec.name,
+            "uri": spec.uri,
+            "endpoint": spec.endpoint,
+            "block_size": spec.block_size,
+            "generation": spec.generation,
+            "state": "ready" if dataset is not None else "error",
+            "error": self._errors.get(spec.name),
+        }
+        if dataset is not None:
+            stats = dataset.snapshot.stats
+            cached = self.cache.cached_bytes(dataset.source.source_id)
+            status.update(
+                files=stats.files,
+                dirs=stats.dirs,
+                bytes=stats.bytes,
+                cached_bytes=cached,
+                cached_fraction=cached / stats.bytes if stats.bytes else 1.0,
+                skipped=dict(stats.skipped),
+                skipped_total=sum(stats.skipped.values()),
+                skipped_samples=list(stats.skipped_samples),
+                snapshot_built_at=stats.built_at,
+                snapshot_build_seconds=stats.build_seconds,
+            )
+        return status
+
+    def status(self) -> dict[str, Any]:
+        m = self.metrics
+        counters = self.cache.counters()
+        return {
+            "version": __version__,
+            "node": self.config.node,
+            "pid": os.getpid(),
+            "mount": self.config.mountpoint,
+            "mounted": self.mounted,
+            "state_dir": self.config.state_dir,
+            "uptime_s": time.time() - self.started_at,
+            "admission": self.config.admission,
+            "promote": self.config.promote,
+            "tiers": [vars_of(usage) for usage in self.cache.usage()],
+            "reads": {
+                "hits": dict(m.hits),
+                "misses": m.misses,
+                "hit_ratio": m.hit_ratio(),
+                "bytes_served": dict(m.bytes_served),
+                "coalesced": m.fetch_coalesced,
+            },
+            "cache": vars_of(counters),
+            "store": {
+                "requests": {f"{op}:{outcome}": n for (op, outcome), n in m.store_requests.items()},
+                "bytes": m.store_bytes,
+            },
+            "open_files": self.fs.open_handles(),
+            "datasets": self.list_datasets(),
+            "rss_bytes": rss_bytes(),
+        }
+
+    def resolve(self, dataset: str, path: str) -> dict[str, Any]:
+        """Map a path to its blocks and, for blocks cached on this node, their files.
+
+        A short-circuit reader reads those files directly (bypassing FUSE) and falls back to the
+        mount for the rest. Block files are immutable once written, but a block can be evicted
+        between this answer and the read: a reader that gets ENOENT must fall back to the mount.
+        """
+        mounted = self.fs.dataset(dataset)
+        if mounted is None:
+            raise DatasetNotFound(f"no dataset named {dataset!r}")
+        entry = mounted.snapshot.resolve(path.strip("/"))
+        if entry is None:
+            raise PathNotFound(f"{path!r} not found in dataset {dataset!r}")
+        if entry.is_dir:
+            raise PathNotFound(f"{path!r} is a directory")
+        block_size = mounted.source.block_size
+        blocks = []
+        for index in range((entry.size + block_size - 1) // block_size):
+            key = BlockKey.make(mounted.source.source_id, entry.key, entry.etag, index)
+            start = index * block_size
+            blocks.append(
+                {
+                    "index": index,
+                    "offset": start,
+                    "length": min(block_size, entry.size - start),
+                    "file": self.cache.block_path(key),
+                }
+            )
+        return {
+            "dataset": dataset,
+            "path": path,
+            "size": entry.size,
+            "etag": entry.etag,
+            "inode": mounted.slot << SLOT_SHIFT | entry.ino,
+            "block_size": block_size,
+            "blocks": blocks,
+            "mount_path": os.path.join(self.config.mountpoint, dataset, path.strip("/")),
+        }
+
+    def metrics_text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self._metrics_registry)
+
+    def _gauges(self):
+        if self.cache is None:
+            return
+        usage = self.cache.usage()
+        yield gauge(
+            "cachefs_tier_capacity_bytes",
+            "Tier capacity",
+            ["tier"],
+            [([u.name], u.capacity) for u in usage],
+        )
+        yield gauge(
+            "cachefs_tier_used_bytes",
+            "Bytes cached in the tier",
+            ["tier"],
+            [([u.name], u.used) for u in usage],
+        )
+        yield gauge(
+            "cachefs_tier_reserved_bytes",
+            "Bytes held by the no-eviction reserve",
+            ["tier"],
+            [([u.name], u.reserved_used) for u in usage],
+        )
+        counters = self.cache.counters()
+        yield counter("cachefs_admissions", "Blocks admitted to a tier", counters.admitted)
+        yield counter(
+            "cachefs_admissions_refused",
+            "Admissions refused (full, avoid-eviction)",
+            counters.refused,
+        )
+        yield counter("cachefs_evictions", "Blocks evicted by the lru policy", counters.evicted)
+        yield counter(
+            "cachefs_corrupt_blocks", "Blocks dropped for failing verification", counters.corrupt
+        )
+        rows_cached, rows_fraction = [], []
+        for dataset in self.fs.datasets():
+            cached = self.cache.cached_bytes(dataset.source.source_id)
+            total = dataset.snapshot.stats.bytes
+            rows_cached.append(([dataset.name], cached))
+            rows_fraction.append(([dataset.name], cached / total if total else 1.0))
+        yield gauge(
+            "cachefs_dataset_cached_bytes", "Cached bytes per dataset", ["dataset"], rows_cached
+        )
+        yield gauge(
+            "cachefs_dataset_cached_fraction",
+            "Cached fraction per dataset",
+            ["dataset"],
+            rows_fraction,
+        )
+        yield gauge("cachefs_worker_rss_bytes", "Worker resident memory", [], [([], rss_bytes())])
+
+
+def vars_of(obj) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def prepare_mountpoint(mountpoint: str) -> None:
+    """Create the mountpoint; clear a stale mount left by a killed worker ("Transport endpoint
+    is not connected"); refuse a live mount that belongs to someone else."""
+    try:
+        os.stat(mountpoint)
+    except FileNotFoundError:
+        os.makedirs(mountpoint)
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise ConfigError(f"cannot use mountpoint {mountpoint}: {exc.strerror}") from None
+        log.warning("clearing stale FUSE mount at %s", mountpoint)
+        subprocess.run(["umount", "-l", mountpoint], check=False, capture_output=True)
+    if os.path.ismount(mountpoint):
+        raise ConfigError(f"{mountpoint} is already a mount point (another worker?)")
+    if os.listdir(mountpoint):
+        raise ConfigError(f"mountpoint {mountpoint} is not empty")
+
+
+async def run_worker(config: WorkerConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    await Worker(config).run(task_status=task_status)

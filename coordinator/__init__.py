@@ -1,0 +1,1 @@
+"""The cachefs coordinator: datasets, preload, jobs, locality API and GPU job placement."""

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up cachefs on a fresh Debian machine, as root: system packages, then a virtualenv in .venv
+# with cachefs and its dev extras installed (editable). Idempotent: re-running is quick.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+for pkg in fuse3 libfuse3-dev pkg-config; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+  echo "setup: installing ${need_apt[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[dev]"
+echo "setup: ready (.venv/bin/cachefs)" >&2

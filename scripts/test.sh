@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: set up, lint (ruff, import-linter layering), then the whole test suite with
+# real FUSE mounts, a real S3 endpoint (moto server) and real worker processes. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/lint-imports
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,133 @@
+"""The `cachefs` command line, run as a user runs it (subprocesses), against a real worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cachefs.units import parse_duration, parse_size
+from tests.worker_process import REPO_ROOT, WorkerProcess
+
+
+def cachefs(*args: str, state: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CACHEFS_STATE": state, "PYTHONPATH": REPO_ROOT}
+    result = subprocess.run(
+        [sys.executable, "-m", "cachefs", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"cachefs {args} failed: {result.stdout}\n{result.stderr}")
+    return result
+
+
+def test_sizes_and_durations_parse_with_suffixes():
+    assert parse_size("8GiB") == 8 << 30
+    assert parse_size("512MiB") == 512 << 20
+    assert parse_size("100GB") == 100 * 10**9
+    assert parse_size("4096") == 4096
+    assert parse_duration("6h") == 6 * 3600
+    assert parse_duration("250ms") == 0.25
+    for bad in ("8 apples", "", "GiB", "-1GiB"):
+        with pytest.raises(Exception, match="invalid size"):
+            parse_size(bad)
+
+
+def test_commands_without_a_worker_say_how_to_start_one(tmp_path):
+    result = cachefs("status", state=str(tmp_path / "nothing"), check=False)
+    assert result.returncode == 2
+    assert "no cachefs worker is running" in result.stderr and "cachefs up" in result.stderr
+    result = cachefs("down", state=str(tmp_path / "nothing"), check=False)
+    assert result.returncode == 0 and "no worker running" in result.stderr
+
+
+def test_full_cli_flow(tmp_path):
+    source = tmp_path / "source"
+    (source / "train" / "cls").mkdir(parents=True)
+    (source / "train" / "cls" / "a.jpg").write_bytes(b"a" * 5000)
+    (source / "val.txt").write_bytes(b"v" * 10)
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    state = worker.state
+    try:
+        out = cachefs("dataset", "add", "imagenet", f"file://{source}", state=state).stdout
+        assert "imagenet" in out and "added" in out
+        with open(worker.path("imagenet", "train", "cls", "a.jpg"), "rb") as f:
+            assert f.read() == b"a" * 5000
+        listed = json.loads(cachefs("dataset", "ls", "--json", state=state).stdout)
+        assert [d["name"] for d in listed] == ["imagenet"] and listed[0]["files"] == 2
+        status_text = cachefs("status", state=state).stdout
+        for fragment in ("ram", "hit ratio", "imagenet", "DATASET"):
+            assert fragment in status_text
+        status = json.loads(cachefs("status", "--json", state=state).stdout)
+        assert status["datasets"][0]["cached_bytes"] == 5000
+        assert status["tiers"][0]["used"] == 5000
+        dup = cachefs("dataset", "add", "imagenet", f"file://{source}", state=state, check=False)
+        assert dup.returncode == 2 and "already exists" in dup.stderr
+        (source / "new.bin").write_bytes(b"n")
+        out = cachefs("dataset", "refresh", "imagenet", state=state).stdout
+        assert "refreshed" in out
+        with open(worker.path("imagenet", "new.bin"), "rb") as f:
+            assert f.read() == b"n"
+        resolved = json.loads(cachefs("resolve", "imagenet", "train/cls/a.jpg", state=state).stdout)
+        with open(resolved["blocks"][0]["file"], "rb") as f:
+            assert f.read() == b"a" * 5000  # the short-circuit path: the block file itself
+        out = cachefs("dataset", "rm", "imagenet", state=state).stdout
+        assert "removed" in out
+        assert os.listdir(worker.mount) == []
+        out = cachefs("down", state=state).stdout
+        assert "stopped" in out
+        worker.proc.wait(timeout=30)
+        assert not os.path.ismount(worker.mount)
+    finally:
+        worker.cleanup()
+
+
+def test_second_worker_on_the_same_state_is_refused(tmp_path):
+    worker = WorkerProcess(str(tmp_path)).start()
+    try:
+        clash = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cachefs",
+                "--state",
+                worker.state,
+                "up",
+                "--mount",
+                str(tmp_path / "other"),
+                "--metrics",
+                "off",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        )
+        assert clash.returncode == 2
+        assert "another cachefs worker" in clash.stderr
+        assert worker.client.is_running()
+    finally:
+        worker.cleanup()
+
+
+def test_killed_worker_leaves_no_stuck_mount_after_restart(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "f").write_bytes(b"data")
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    try:
+        worker.add_dataset("d", f"file://{source}")
+        worker.proc.kill()  # SIGKILL: the mount is left "Transport endpoint is not connected"
+        worker.proc.wait()
+        worker.proc = None
+        worker.start()
+        with open(worker.path("d", "f"), "rb") as f:
+            assert f.read() == b"data"
+    finally:
+        worker.cleanup()

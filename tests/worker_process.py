@@ -1,0 +1,144 @@
+"""Real `cachefs up` worker processes for integration tests.
+
+Each WorkerProcess is a separate OS process with its own state dir, RAM-tier dir and FUSE mount,
+driven through the real control socket. Helpers here never fake the worker: they start it with
+the same CLI a user runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from cachefs.client import ControlClient
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def drop_page_cache() -> None:
+    """Make the next reads reach the FUSE process (needs root, as the tests run)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def force_unmount(path: str) -> None:
+    subprocess.run(["umount", "-l", path], capture_output=True, check=False)
+
+
+class WorkerProcess:
+    def __init__(
+        self,
+        base_dir: str,
+        *,
+        ram: str = "256MiB",
+        ram_reserve: str = "0",
+        ssd: str | None = None,
+        admission: str = "avoid-eviction",
+        env: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ):
+        self.base_dir = base_dir
+        self.state = os.path.join(base_dir, "state")
+        self.mount = os.path.join(base_dir, "mnt")
+        self.ram_dir = f"/dev/shm/cachefs-test-{uuid.uuid4().hex[:10]}"
+        self.args = [
+            "--ram",
+            ram,
+            "--ram-dir",
+            self.ram_dir,
+            "--ram-reserve",
+            ram_reserve,
+            "--admission",
+            admission,
+            "--metrics",
+            "off",
+            *extra_args,
+        ]
+        if ssd:
+            self.args += ["--ssd", ssd]
+        self.env = {**os.environ, **(env or {})}
+        self.env["PYTHONPATH"] = REPO_ROOT + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.proc: subprocess.Popen | None = None
+        self.client = ControlClient(self.state, timeout=120)
+        self.log_path = os.path.join(base_dir, "worker.log")
+
+    def start(self, timeout: float = 60.0) -> WorkerProcess:
+        os.makedirs(self.base_dir, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cachefs",
+                "--state",
+                self.state,
+                "up",
+                "--mount",
+                self.mount,
+                *self.args,
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
+            if self.client.is_running() and os.path.ismount(self.mount):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"worker did not come up in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()[-5000:]
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """`cachefs down` equivalent: clean unmount, state kept."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.client.shutdown()
+                self.proc.wait(timeout=timeout)
+            except Exception:
+                self.kill9()
+        self.proc = None
+        force_unmount(self.mount)  # no-op after a clean stop; clears a stale mount otherwise
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+        force_unmount(self.mount)
+
+    def restart(self) -> WorkerProcess:
+        self.stop()
+        return self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        self.client.close()
+        shutil.rmtree(self.ram_dir, ignore_errors=True)
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.mount, *parts)
+
+    def add_dataset(self, name: str, uri: str, **options) -> dict:
+        return self.client.add_dataset({"name": name, "uri": uri, **options})
+
+    def status(self) -> dict:
+        return self.client.status()
+
+    def dataset_status(self, name: str) -> dict:
+        return next(d for d in self.status()["datasets"] if d["name"] == name)
