@@ -1,8 +1,8 @@
 """A discrete-event simulator of GPU jobs reading datasets through a distributed cache.
 
 Between two events every rate is constant, so the simulator jumps from event to event:
-arrivals, resumptions after a restart, policy wake-ups, preload starts (external, on a heap)
-and job completions, epoch ends and preload completions (computed from the current rates).
+arrivals, policy wake-ups and preload starts (external, on a heap), and job completions, epoch
+ends, ends of restart pauses and preload completions (computed from the current state).
 
 A job's speed is the slower of its compute rate (the ground truth in :mod:`.truth`) and its
 data rate. Each node of a job reads a share of every epoch proportional to its GPUs; a sample
@@ -39,9 +39,9 @@ from coordinator.scheduling.model import (
     Start,
     Wait,
 )
-from coordinator.scheduling.perf import packed_shape
 from coordinator.scheduling.policy import Policy
 from coordinator.scheduling.tdcs import copy_of
+from coordinator.scheduling.themis import independent_seconds
 
 from .cluster import ClusterConfig, DatasetSpec, Preload, SimulationError, Trace
 from .metrics import JobRecord, SimResult
@@ -149,9 +149,11 @@ class Simulator:
         self.per_node = max(node.gpus for node in cluster.nodes)
         self.free = {node.name: node.gpus for node in cluster.nodes}
         self.capacity = {node.name: float(node.cache_bytes) for node in cluster.nodes}
-        self.node_specs = {node.name: node for node in cluster.nodes}
         self.data = {name: _Data(spec) for name, spec in trace.datasets.items()}
         self.jobs = {spec.job_id: self._new_job(spec, truth) for spec in trace.jobs}
+        #: arrived, unfinished jobs in arrival order (the loops below only look at these).
+        self.live: dict[str, _Job] = {}
+        self.unfinished = len(self.jobs)
         self.preloads: list[_PreloadRun] = []
         self.now = 0.0
         self._events: list[tuple[float, int, str, object]] = []
@@ -170,13 +172,17 @@ class Simulator:
                 raise SimulationError(f"preload of unknown dataset {preload.dataset!r}")
             self._push(preload.at, "preload", preload)
 
-    # --- setup ------------------------------------------------------------------------------
+    # --- setup ------------------------------------------------------------------------------------
 
     def _new_job(self, spec: JobSpec, truth: Mapping[str, TrueModel]) -> _Job:
         if spec.profile.name not in truth:
-            raise SimulationError(f"job {spec.job_id!r}: no ground truth for model {spec.profile.name!r}")
+            raise SimulationError(
+                f"job {spec.job_id!r}: no ground truth for model {spec.profile.name!r}"
+            )
         if spec.dataset is not None and spec.dataset not in self.data:
-            raise SimulationError(f"job {spec.job_id!r}: dataset {spec.dataset!r} is not in the trace")
+            raise SimulationError(
+                f"job {spec.job_id!r}: dataset {spec.dataset!r} is not in the trace"
+            )
         if spec.gpus > self.total_gpus:
             raise SimulationError(
                 f"job {spec.job_id!r} asks {spec.gpus} GPUs; the cluster has {self.total_gpus}"
@@ -195,11 +201,11 @@ class Simulator:
         self._seq += 1
         heapq.heappush(self._events, (time, self._seq, kind, payload))
 
-    # --- the main loop ----------------------------------------------------------------------
+    # --- the main loop ----------------------------------------------------------------------------
 
     def run(self) -> SimResult:
         self._recompute_rates()
-        while not all(job.finish is not None for job in self.jobs.values()):
+        while self.unfinished:
             self.events_processed += 1
             if self.events_processed > self.max_events:
                 raise SimulationError(
@@ -208,7 +214,7 @@ class Simulator:
                 )
             next_time = min(self._next_internal(), self._events[0][0] if self._events else math.inf)
             if next_time == math.inf:
-                stuck = [job.spec.job_id for job in self.jobs.values() if job.finish is None]
+                stuck = list(self.live)
                 raise SimulationError(
                     f"policy {self.policy.name} left jobs {stuck[:5]} waiting with nothing running"
                     " and nothing scheduled: they would never finish"
@@ -222,7 +228,7 @@ class Simulator:
     def _handle_due(self) -> bool:
         """Process everything due now; True when the policy must be asked."""
         ask = False
-        for job in self.jobs.values():
+        for job in list(self.live.values()):
             if not job.running:
                 continue
             if job.samples_done >= job.spec.samples - job.tolerance:
@@ -233,11 +239,12 @@ class Simulator:
         for run in self.preloads:
             if not run.done and not self._preload_wants(run):
                 run.done = True
-        while self._events and self._events[0][0] <= self.now + _EPS:
+        while self._events and self._events[0][0] <= self.now:
             time, _seq, kind, payload = heapq.heappop(self._events)
             if kind == "arrive":
                 job = self.jobs[payload]  # type: ignore[index]
                 job.arrived = True
+                self.live[job.spec.job_id] = job
                 job.apps_integral_at_arrival = self.active_apps_integral
                 ask = True
             elif kind == "preload":
@@ -245,13 +252,12 @@ class Simulator:
             elif kind == "wakeup":
                 self._wakeups.discard(time)
                 ask = True
-            # "resume" only ends a restart pause: the rates are recomputed after this.
         return ask
 
     def _next_internal(self) -> float:
         """The earliest job completion, epoch end or preload completion at current rates."""
         soonest = math.inf
-        for job in self.jobs.values():
+        for job in self.live.values():
             if not job.running:
                 continue
             if job.resume_at > self.now + _EPS:
@@ -266,18 +272,15 @@ class Simulator:
                     soonest = min(soonest, self.now + self._preload_missing(run, node) / rate)
         return soonest
 
-    # --- time passing -------------------------------------------------------------------------
+    # --- time passing -----------------------------------------------------------------------------
 
     def _advance(self, until: float) -> None:
         dt = until - self.now
         if dt <= 0:
             self.now = max(self.now, until)
             return
-        waiting_or_running = sum(
-            1 for job in self.jobs.values() if job.arrived and job.finish is None
-        )
-        self.active_apps_integral += waiting_or_running * dt
-        for job in self.jobs.values():
+        self.active_apps_integral += len(self.live) * dt
+        for job in self.live.values():
             if not job.running:
                 continue
             self.allocated_gpu_s += job.gpus * dt
@@ -316,6 +319,8 @@ class Simulator:
         target = data.spec.size / len(owners)
         for node in owners:
             held = copy.cached.get(node, 0.0)
+            if held >= target:
+                continue  # this owner's share is all cached already
             room = min(target - held, self._room(node, data))
             if room > 0:
                 copy.cached[node] = held + min(amount / len(owners), room)
@@ -325,7 +330,7 @@ class Simulator:
         free = self.capacity[node] - self._used(node)
         if free > 0:
             return free
-        busy = {job.spec.dataset for job in self.jobs.values() if job.running}
+        busy = {job.spec.dataset for job in self.live.values() if job.running}
         busy |= {run.spec.dataset for run in self.preloads if not run.done}
         idle = [d for d in self.data.values() if d is not reader and d.spec.name not in busy]
         for data in sorted(idle, key=lambda d: d.last_used):
@@ -339,7 +344,7 @@ class Simulator:
     def _used(self, node: str) -> float:
         return sum(copy.cached.get(node, 0.0) for d in self.data.values() for copy in d.copies)
 
-    # --- epochs, completion ---------------------------------------------------------------------
+    # --- epochs, completion -----------------------------------------------------------------------
 
     def _end_epoch(self, job: _Job) -> None:
         """A new epoch: refresh the hit/miss mix from what the copy holds now."""
@@ -365,8 +370,11 @@ class Simulator:
         for node, gpus in job.placement.items():
             self.free[node] += gpus
         job.placement = {}
+        self._observe(job, 0.0)
         job.rate = 0.0
         job.apps_integral_at_finish = self.active_apps_integral
+        del self.live[job.spec.job_id]
+        self.unfinished -= 1
 
     def _refresh_mix(self, job: _Job) -> None:
         data = self.data.get(job.spec.dataset or "")
@@ -387,7 +395,7 @@ class Simulator:
         io = self.io
         readers = [
             (job, node)
-            for job in self.jobs.values()
+            for job in self.live.values()
             if job.active(self.now) and job.spec.dataset is not None
             for node in job.placement
         ]
@@ -422,11 +430,15 @@ class Simulator:
         for run in self.preloads:
             run.rates = {node: store_share(node) for r, node in preload_nodes if r is run}
 
-        for job in self.jobs.values():
+        for job in self.live.values():
+            if not job.running and job.segment_rate == 0.0:
+                continue  # waiting, and its last stretch is already closed
             rate = 0.0
             if job.active(self.now):
                 compute = job.truth.rate(job.spec, job.placement)
-                rate = min(compute, self._data_rate(job, store_share, local_per_node, peer_per_copy))
+                rate = min(
+                    compute, self._data_rate(job, store_share, local_per_node, peer_per_copy)
+                )
             self._observe(job, rate)
             job.rate = rate
 
@@ -504,7 +516,7 @@ class Simulator:
             copy.cached[node] = held + loaded
             self.preload_store_bytes += loaded
 
-    # --- the policy ---------------------------------------------------------------------------------
+    # --- the policy -------------------------------------------------------------------------------
 
     def state(self) -> ClusterState:
         nodes = {
@@ -530,9 +542,7 @@ class Simulator:
             copies = tuple(frozenset(copy.nodes) for copy in data.copies)
             datasets[name] = Dataset(name, data.spec.size, cached, copies)
         running, waiting = [], []
-        for job in sorted(self.jobs.values(), key=lambda j: (j.spec.arrival, j.spec.job_id)):
-            if not job.arrived or job.finish is not None:
-                continue
+        for job in sorted(self.live.values(), key=lambda j: (j.spec.arrival, j.spec.job_id)):
             view = JobState(
                 job.spec,
                 dict(job.placement),
@@ -546,6 +556,8 @@ class Simulator:
 
     def _schedule(self) -> None:
         self._apply(self.policy.schedule(self.state()))
+        if type(self.policy).next_wakeup is Policy.next_wakeup:
+            return  # the policy never asks to be woken: skip building another state
         wake = self.policy.next_wakeup(self.state())
         if wake is not None and wake > self.now + _EPS and wake not in self._wakeups:
             self._wakeups.add(wake)
@@ -603,10 +615,13 @@ class Simulator:
         job.restarts += restarting
         if not restarting:
             has_data = job.spec.dataset is not None
-            job.epoch_end = min(job.spec.samples, float(job.spec.samples_per_epoch)) if has_data else job.spec.samples
+            job.epoch_end = (
+                min(job.spec.samples, float(job.spec.samples_per_epoch))
+                if has_data
+                else job.spec.samples
+            )
         pause = self.cluster.restart_s if restarting else job.truth.startup_s
         job.resume_at = self.now + pause
-        self._push(job.resume_at, "resume", job.spec.job_id)
         self._attach_copy(job)
         self._refresh_mix(job)
 
@@ -625,16 +640,30 @@ class Simulator:
 
     def _scale_copy(self, data: _Data, copy: _Copy, job_nodes: set[str]) -> None:
         """P1's CacheScaler: the copy follows the job's nodes (event trigger) and grows further
-        while its nodes cannot hold the dataset (monitoring trigger), emptiest caches first."""
+        while its nodes cannot hold the dataset (monitoring trigger), emptiest caches first.
+
+        Shards are owned by rendezvous hashing over the copy's nodes, so when it grows from K to
+        K' nodes each old node keeps the K/K' of its shards it still owns; the cached bytes of the
+        shards that moved are dropped (the new owners fetch them on a miss).
+        """
+        before = len(copy.nodes)
         copy.nodes |= job_nodes
+
+        def room_for_copy(node: str) -> float:
+            # What the node can give this copy: its capacity less what other data holds there.
+            return self.capacity[node] - self._used(node) + copy.cached.get(node, 0.0)
+
         others = sorted(
             (node for node in self.capacity if node not in copy.nodes),
-            key=lambda n: (self._used(n) - self.capacity[n], n),
+            key=lambda n: (-room_for_copy(n), n),
         )
         for node in others:
-            if sum(self.capacity[n] for n in copy.nodes) >= data.spec.size:
+            if sum(room_for_copy(n) for n in copy.nodes) >= data.spec.size:
                 break
             copy.nodes.add(node)
+        if len(copy.nodes) > before:
+            kept = before / len(copy.nodes)
+            copy.cached = {node: held * kept for node, held in copy.cached.items()}
 
     def _clone(self, decision: Clone) -> None:
         data = self.data.get(decision.dataset)
@@ -646,7 +675,7 @@ class Simulator:
         if self.cluster.cache_mode != "none":
             data.copies.append(_Copy(set(decision.nodes)))  # type: ignore[union-attr]
 
-    # --- results ------------------------------------------------------------------------------------
+    # --- results ----------------------------------------------------------------------------------
 
     def _result(self) -> SimResult:
         records = []
@@ -680,19 +709,6 @@ class Simulator:
         life = job.finish - job.spec.arrival
         apps = job.apps_integral_at_finish - job.apps_integral_at_arrival
         average = apps / life if life > 0 else 1.0
-        return independent_truth_seconds(
-            job.spec, job.truth, self.total_gpus, self.per_node, average
+        return independent_seconds(
+            job.spec, self.total_gpus, average, self.per_node, rate_of=job.truth.rate
         )
-
-
-def independent_truth_seconds(
-    spec: JobSpec, truth: TrueModel, total_gpus: int, per_node: int, apps: float
-) -> float:
-    """Time of ``spec`` at its true speed on a 1/``apps`` share of the cluster (a share below one
-    GPU is a time-slice of one GPU)."""
-    share = total_gpus / max(apps, 1.0)
-    gpus = max(1, min(spec.gpu_cap, int(share)))
-    rate = truth.rate(spec, packed_shape(gpus, per_node))
-    if share < 1:
-        rate *= share
-    return spec.samples / rate

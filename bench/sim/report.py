@@ -18,7 +18,9 @@ class Report:
     sections: list[str] = field(default_factory=list)
     data: dict[str, object] = field(default_factory=dict)
 
-    def table(self, header: Sequence[str], rows: Sequence[Sequence[object]], caption: str = "") -> None:
+    def table(
+        self, header: Sequence[str], rows: Sequence[Sequence[object]], caption: str = ""
+    ) -> None:
         lines = [f"**{caption}**", ""] if caption else []
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join("---" for _ in header) + "|")

@@ -18,12 +18,15 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from coordinator.scheduling.model import JobSpec, ModelProfile, QosClass, SchedulingError
 from coordinator.scheduling.perf import packed_shape
 
 from .cluster import DatasetSpec, SimulationError, Trace
 from .truth import CATALOGUE
+
+T = TypeVar("T")
 
 MINUTE = 60.0
 HOUR = 3600.0
@@ -77,18 +80,16 @@ def poisson_over(rng: random.Random, per_hour: float, hours: float) -> list[floa
     return times
 
 
-def gandiva_duration(rng: random.Random) -> float:
-    """A job duration in seconds drawn from :data:`GANDIVA_CLASSES`."""
-    pick = rng.random()
-    for weight, low, high in GANDIVA_CLASSES:
-        if pick < weight:
-            return math.exp(rng.uniform(math.log(low), math.log(high)))
-        pick -= weight
-    _weight, low, high = GANDIVA_CLASSES[-1]
+def gandiva_duration(
+    rng: random.Random, classes: Sequence[tuple[float, float, float]] = GANDIVA_CLASSES
+) -> float:
+    """A job duration in seconds drawn from duration ``classes`` (weight, low s, high s)."""
+    low, high = weighted_choice(rng, [((low, high), weight) for weight, low, high in classes])
     return math.exp(rng.uniform(math.log(low), math.log(high)))
 
 
-def weighted_choice(rng: random.Random, options: Sequence[tuple[object, float]]) -> object:
+def weighted_choice(rng: random.Random, options: Sequence[tuple[T, float]]) -> T:
+    """One value of (value, weight) pairs, with probability proportional to its weight."""
     pick = rng.random() * sum(weight for _, weight in options)
     for value, weight in options:
         if pick < weight:
@@ -111,7 +112,9 @@ def job_lasting(
     **fields: object,
 ) -> JobSpec:
     """A job that takes ``duration_s`` at its true speed on ``gpus`` packed GPUs."""
-    probe = JobSpec(job_id, arrival, gpus, profile, 1.0, samples_per_epoch, batch_size, batch_per_gpu)
+    probe = JobSpec(
+        job_id, arrival, gpus, profile, 1.0, samples_per_epoch, batch_size, batch_per_gpu
+    )
     rate = CATALOGUE[profile.name].rate(probe, packed_shape(gpus, per_node))
     return JobSpec(
         job_id,
@@ -143,7 +146,7 @@ def p2_workload(
     models = ("resnet50", "googlenet", "inception3", "vgg16", "lstm", "seq2seq")
     specs = []
     for index, arrival in enumerate(poisson_arrivals(rng, jobs, mean_gap_s)):
-        gpus = int(weighted_choice(rng, ((1, 0.5), (2, 0.3), (4, 0.2))))  # type: ignore[call-overload]
+        gpus = weighted_choice(rng, ((1, 0.5), (2, 0.3), (4, 0.2)))
         model = rng.choice(models)
         duration = gandiva_duration(rng)
         specs.append(
@@ -175,7 +178,7 @@ def p3_workload(
     for index, arrival in enumerate(poisson_over(rng, per_hour, hours)):
         model = rng.choice(P3_MODELS)
         qos = weighted_choice(rng, QOS_MIX)
-        gpus = int(weighted_choice(rng, ((1, 0.35), (2, 0.3), (4, 0.25), (8, 0.1))))  # type: ignore[call-overload]
+        gpus = weighted_choice(rng, ((1, 0.35), (2, 0.3), (4, 0.25), (8, 0.1)))
         single_gpu_s = math.exp(rng.uniform(math.log(10 * MINUTE), math.log(4 * HOUR)))
         specs.append(
             job_lasting(
@@ -203,20 +206,26 @@ def p5_workload(
     apps: int = 40,
     mean_gap_s: float = 20 * MINUTE,
     per_node: int = 4,
+    long_running: bool = True,
 ) -> Trace:
-    """P5: apps arrive as a Poisson process, Gandiva durations, 1–16 GPU demands, a mix of
-    placement-sensitive (VGG, AlexNet) and insensitive models."""
+    """P5: apps arrive as a Poisson process with 1–16 GPU demands and a mix of
+    placement-sensitive (VGG, AlexNet) and insensitive models.
+
+    Durations follow Gandiva's classes; ``long_running`` drops the under-10-minute class (P5's
+    apps are long-running: short trials are bundled inside hyper-parameter apps).
+    """
     rng = random.Random(seed)
     models = ("vgg16", "alexnet", "resnet50", "inception3", "lstm")
+    classes = GANDIVA_CLASSES[1:] if long_running else GANDIVA_CLASSES
     specs = []
     for index, arrival in enumerate(poisson_arrivals(rng, apps, mean_gap_s)):
-        gpus = int(weighted_choice(rng, ((1, 0.3), (2, 0.25), (4, 0.25), (8, 0.15), (16, 0.05))))  # type: ignore[call-overload]
+        demand = weighted_choice(rng, ((1, 0.3), (2, 0.25), (4, 0.25), (8, 0.15), (16, 0.05)))
         specs.append(
             job_lasting(
                 f"app-{index:03d}",
                 arrival,
-                gandiva_duration(rng),
-                gpus,
+                gandiva_duration(rng, classes),
+                demand,
                 profiles[rng.choice(models)],
                 per_node=per_node,
                 samples_per_epoch=50_000,
@@ -269,11 +278,15 @@ def _row_to_job(
         try:
             return kind(text)
         except ValueError:
-            raise SimulationError(f"{where}: column {column!r}={text!r} is not a {kind.__name__}") from None
+            raise SimulationError(
+                f"{where}: column {column!r}={text!r} is not a {kind.__name__}"
+            ) from None
 
     model = (row.get("model") or "").strip()
     if model not in profiles:
-        raise SimulationError(f"{where}: unknown model {model!r}; known: {', '.join(sorted(profiles))}")
+        raise SimulationError(
+            f"{where}: unknown model {model!r}; known: {', '.join(sorted(profiles))}"
+        )
     dataset = (row.get("dataset") or "").strip() or None
     if dataset is not None and dataset not in datasets:
         raise SimulationError(f"{where}: unknown dataset {dataset!r}")

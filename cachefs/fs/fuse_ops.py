@@ -191,8 +191,8 @@ class FuseOperations(pyfuse3.Operations):
         finally:
             self._read_latency.observe(time.perf_counter() - began)
 
-    async def flush(self, fh):
-        return
+    # No flush(): pyfuse3's default answers ENOSYS, after which the kernel stops sending FLUSH
+    # on every close() — one fewer trip into Python per file (nothing to flush read-only).
 
     async def release(self, fh):
         self.fs.release(fh)

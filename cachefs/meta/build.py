@@ -266,20 +266,20 @@ class _Builder:
         return stack[-1]
 
     def _add_file(self, parent: _DirFrame, raw_key: bytes, info: ObjectInfo) -> None:
+        etag = encode_etag(info.etag)
+        try:
+            record = pack_file(info.size, info.mtime_ns, parent.ino, etag, raw_key)
+        except struct.error as err:
+            raise SnapshotError(
+                f"building snapshot at {self._dest!r}: object {_sample(info.key)} has an invalid "
+                f"size {info.size!r}, mtime {info.mtime_ns!r} or etag length {len(etag)}: {err}"
+            ) from None
         name = raw_key[raw_key.rfind(b"/") + 1 :]
         ino, prev_record = self._inode_for(parent, name, KIND_FILE)
         ino_key = INO.pack(ino)
         if not self._dirents.put(parent.ino_key + name, ino_key, overwrite=False):
             self._skip(CONFLICT, info.key)  # a directory or an earlier object has this path
             return
-        etag = encode_etag(info.etag)
-        try:
-            record = pack_file(info.size, info.mtime_ns, parent.ino, etag, raw_key)
-        except struct.error as err:
-            raise ValueError(
-                f"object {_sample(info.key)} has an invalid size {info.size!r}, mtime "
-                f"{info.mtime_ns!r} or etag length {len(etag)}: {err}"
-            ) from None
         self._inodes_for(ino).put(ino_key, record)
         if parent.mtime is None or info.mtime_ns > parent.mtime:
             parent.mtime = info.mtime_ns
@@ -507,7 +507,8 @@ class _Builder:
 
 
 def _mark_complete(dest: str, stats: SnapshotStats, next_ino: int) -> None:
-    """The last write of a build, durable on its own (sync=True)."""
+    """The last write of a build, durable on its own (sync=True), with the directory entry of
+    the data file it completes."""
     env = lmdb.open(dest, map_size=_MAP_SIZE, max_dbs=DB_COUNT, lock=False)
     try:
         meta = env.open_db(META_DB)
@@ -517,6 +518,11 @@ def _mark_complete(dest: str, stats: SnapshotStats, next_ino: int) -> None:
             txn.put(META_COMPLETE, b"1")
     finally:
         env.close()
+    directory = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def _sample(key: str) -> str:

@@ -47,13 +47,14 @@ def split_key(key: str) -> SplitKey:
         return SplitKey(PATH_TOO_LONG, [], raw, False)
     is_marker = key.endswith("/")
     parts = (key[:-1] if is_marker else key).split("/")
-    for part in parts:
-        if not part:
-            return SplitKey(EMPTY_SEGMENT, [], raw, is_marker)
-        if part == "." or part == "..":
-            return SplitKey(DOT_SEGMENT, [], raw, is_marker)
-        if len(part) > _SHORT_NAME_CHARS and len(part.encode("utf-8")) > MAX_NAME_BYTES:
-            return SplitKey(TOO_LONG, [], raw, is_marker)
+    if "" in parts:
+        return SplitKey(EMPTY_SEGMENT, [], raw, is_marker)
+    if "." in parts or ".." in parts:
+        return SplitKey(DOT_SEGMENT, [], raw, is_marker)
+    if len(raw) > MAX_NAME_BYTES:  # else no component can be too long
+        for part in parts:
+            if len(part) > _SHORT_NAME_CHARS and len(part.encode("utf-8")) > MAX_NAME_BYTES:
+                return SplitKey(TOO_LONG, [], raw, is_marker)
     return SplitKey(None, parts, raw, is_marker)
 
 

@@ -5,12 +5,13 @@ one short read transaction doing O(log n + result) work, and nothing of the name
 Python. A snapshot is immutable once built; that is what makes the choices below safe:
 
 * ``lock=False``: LMDB's lock file exists to keep readers and a writer apart. A finished
-  snapshot never has a writer, so readers need no reader-table slot (no shared mutex per
-  transaction, no ``max_readers`` ceiling, no stale slots left by killed processes), the same
-  snapshot may be opened twice in one process (forbidden with locking: closing one handle drops
-  the other's POSIX locks), and a read-only directory works.
-* ``readahead=False``: lookups touch pages at random; kernel read-around would pull in
-  neighbouring pages nobody asked for (see bench/meta_build.py for the measurement).
+  snapshot never has a writer, so readers need no reader-table slot: no shared mutex per
+  transaction (4 threads doing begin+get: 431k/s unlocked vs 172k/s locked, measured here), no
+  ``max_readers`` ceiling, no stale slots left by killed processes, and a read-only directory
+  works.
+* ``readahead`` stays on (LMDB's default): with the pages not yet in the page cache, a full
+  walk of an ImageNet-sized snapshot (224 MB) took 12 s with it and 31 s without, and 20k random
+  resolves 47 µs vs 275 µs each. Turning it off only pays for snapshots much larger than RAM.
 * ``close()`` never unmaps the file under a call in flight: it only drops this object's
   reference to the environment. Each call holds its own reference for its duration (and a
   ``readdir`` iterator until it is exhausted or discarded), and CPython closes the environment
@@ -95,9 +96,11 @@ class Snapshot:
     def open(cls, path: str | os.PathLike[str]) -> Snapshot:
         """Open a complete snapshot read-only; raises SnapshotError naming the problem."""
         path = os.fspath(path)
-        env = _shared_env(path)
-        stats, next_ino = _read_meta(env, path)
-        return cls(env, path, stats, next_ino)
+        # One opener at a time: LMDB forbids opening databases concurrently in one environment.
+        with _open_envs_lock:
+            env = _shared_env(path)
+            stats, next_ino = _read_meta(env, path)
+            return cls(env, path, stats, next_ino)
 
     def close(self) -> None:
         """Stop serving from this snapshot. Calls already running (and readdir iterators already
@@ -216,21 +219,20 @@ _open_envs_lock = threading.Lock()
 
 
 def _shared_env(path: str) -> lmdb.Environment:
+    """The open environment of this snapshot directory, or a newly opened one. The caller
+    holds _open_envs_lock."""
     try:
         data_file = os.stat(os.path.join(path, "data.mdb"))
     except FileNotFoundError:
         raise SnapshotError(f"no snapshot at {path!r}: data.mdb does not exist") from None
     file_id = (data_file.st_dev, data_file.st_ino)
-    with _open_envs_lock:
-        env = _open_envs.get(file_id)
-        if env is None:
-            try:
-                env = lmdb.open(
-                    path, readonly=True, lock=False, readahead=False, max_dbs=DB_COUNT, create=False
-                )
-            except lmdb.Error as err:
-                raise SnapshotError(f"cannot open snapshot at {path!r}: {err}") from err
-            _open_envs[file_id] = env
+    env = _open_envs.get(file_id)
+    if env is None:
+        try:
+            env = lmdb.open(path, readonly=True, lock=False, max_dbs=DB_COUNT, create=False)
+        except lmdb.Error as err:
+            raise SnapshotError(f"cannot open snapshot at {path!r}: {err}") from err
+        _open_envs[file_id] = env
     return env
 
 
@@ -238,9 +240,9 @@ def _read_meta(env: lmdb.Environment, path: str) -> tuple[SnapshotStats, int]:
     """Check that ``env`` is a complete snapshot of our format; return its stats and next ino."""
     try:
         meta_db = env.open_db(META_DB, create=False)
-    except lmdb.NotFoundError:
+    except lmdb.Error as err:  # NotFoundError, or IncompatibleError for a plain key "meta"
         raise SnapshotError(
-            f"{path!r} is not a cachefs snapshot (no {META_DB.decode()} database)"
+            f"{path!r} is not a cachefs snapshot (no {META_DB.decode()} database: {err})"
         ) from None
     with env.begin(db=meta_db) as txn:
         version = txn.get(META_FORMAT)

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
-from scipy.optimize import nnls
-
+from .fitting import nonnegative_least_squares
 from .knapsack import solve_grouped_knapsack
 from .model import (
     ClusterState,
@@ -51,17 +49,15 @@ def fit_epoch_time(observations: Sequence[tuple[int, float]], default: EpochTime
     """P2's epoch-time model from measured (GPUs, seconds per epoch) points."""
     if not observations:
         return default
-    gpus = np.array([g for g, _ in observations], dtype=float)
-    seconds = np.array([t for _, t in observations], dtype=float)
-    distinct = len(set(gpus.tolist()))
+    seconds = [t for _, t in observations]
+    distinct = len({g for g, _ in observations})
     if distinct == 1:
         # One GPU count measured: keep the default's shape, pass through the mean measurement.
-        scale = float(seconds.mean()) / default(int(gpus[0]))
+        scale = sum(seconds) / len(seconds) / default(observations[0][0])
         return lambda g: scale * default(g)
-    columns = [1.0 / gpus, np.ones_like(gpus)] + ([gpus] if distinct >= 3 else [])
-    coeffs, _residual = nnls(np.column_stack(columns), seconds)
-    a, b = float(coeffs[0]), float(coeffs[1])
-    c = float(coeffs[2]) if distinct >= 3 else 0.0
+    rows = [(1.0 / g, 1.0, float(g)) if distinct >= 3 else (1.0 / g, 1.0) for g, _ in observations]
+    a, b, *rest = nonnegative_least_squares(rows, seconds)
+    c = rest[0] if rest else 0.0
     return lambda g: a / g + b + c * g
 
 

@@ -86,15 +86,10 @@ def best_fit(
             node = min(fitting, key=lambda n: (-prefer(n), remaining[n], n))
             placement[node] = placement.get(node, 0) + needed
             return placement
-        node = max(remaining, key=lambda n: (prefer(n), remaining[n], _reverse_name(n)))
+        node = min(remaining, key=lambda n: (-prefer(n), -remaining[n], n))
         placement[node] = placement.get(node, 0) + remaining[node]
         needed -= remaining.pop(node)
     return placement
-
-
-def _reverse_name(node: str) -> tuple[int, ...]:
-    """Sort key that makes ``max`` prefer the alphabetically first node on ties."""
-    return tuple(-ord(ch) for ch in node)
 
 
 def best_fit_many(

@@ -128,14 +128,9 @@ def take(free: dict[str, int], placement: Placement) -> None:
         free[node] -= count
 
 
-def fifo_schedule(
-    policy: Policy, state: ClusterState, queue: Iterable[JobState], *, strict: bool = True
-) -> list[Decision]:
-    """Place jobs in ``queue`` order with ``policy.place``.
-
-    ``strict`` keeps FIFO order: the first job that does not fit blocks the ones behind it (what
-    a plain FIFO scheduler does). Otherwise later jobs may go ahead (backfilling).
-    """
+def fifo_schedule(policy: Policy, state: ClusterState, queue: Iterable[JobState]) -> list[Decision]:
+    """Place jobs in ``queue`` order with ``policy.place``; the first job that does not fit
+    blocks the ones behind it (what a plain FIFO scheduler does)."""
     free = state.free_gpus()
     decisions: list[Decision] = []
     blocked = False
@@ -146,7 +141,7 @@ def fifo_schedule(
         choice = policy.place(job.spec, with_free(state, free))
         if choice is None:
             decisions.append(Wait(job.job_id, "not enough free GPUs"))
-            blocked = strict
+            blocked = True
             continue
         take(free, choice.placement)
         decisions.append(Start(job.job_id, choice.placement, choice.explanation))

@@ -22,12 +22,11 @@ holding the job's data are chosen first.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from scipy.optimize import nnls
-
+from .fitting import least_squares, nonnegative_least_squares
 from .model import (
     ClusterState,
     Decision,
@@ -55,10 +54,8 @@ def fit_quadratic_throughput(points: Sequence[tuple[float, float]]) -> tuple[flo
     """Least-squares quadratic ``a + b·x + c·x²`` through (local batch, samples/s per GPU)."""
     if len({x for x, _ in points}) < 3:
         raise SchedulingError("a quadratic throughput fit needs at least 3 distinct batch sizes")
-    xs = np.array([x for x, _ in points], dtype=float)
-    ys = np.array([y for _, y in points], dtype=float)
-    c, b, a = np.polyfit(xs, ys, 2)
-    return float(a), float(b), float(c)
+    a, b, c = least_squares([(1.0, x, x * x) for x, _ in points], [y for _, y in points])
+    return a, b, c
 
 
 def comm_features(placement: Placement) -> tuple[float, float]:
@@ -82,7 +79,7 @@ def fit_comm_penalty(samples: Sequence[tuple[Placement, float, float]]) -> tuple
             lost.append(sum(placement.values()) - measured / per_gpu)
     if len(rows) < 2:
         raise SchedulingError("fitting γ and λ needs at least 2 multi-GPU measurements")
-    (gamma, gamma_lambda), _residual = nnls(np.array(rows), np.array(lost))
+    gamma, gamma_lambda = nonnegative_least_squares(rows, lost)
     if gamma <= 0:
         return 0.0, 1.0
     return float(gamma), float(gamma_lambda / gamma)
@@ -127,24 +124,68 @@ class _ShapePlanner(Policy):
     def __init__(self, *, locality: bool = False, theta: float = 0.5) -> None:
         super().__init__(locality=locality)
         self.theta = theta
+        # Without "+locality" a placement's time and cost depend only on its shape, so they are
+        # remembered per (job, samples left, shape, cluster size): queues are re-planned often.
+        self._by_shape: dict[tuple[str, float, int, int, int, int], tuple[float, float]] = {}
+        self._layout_memo: dict[tuple[object, int], list[tuple[int, int, dict[str, int]]]] = {}
 
     def options(self, job: JobState, state: ClusterState, free: Mapping[str, int]) -> list[Option]:
         """Every feasible symmetric placement of ``job`` on ``free`` with time and CER."""
         spec = job.spec
-        free = candidate_free(spec, free)
-        prefer = self.preference(spec, state)
         cap = spec.max_gpus or spec.gpus
         found = []
-        for node_count, per_node in symmetric_shapes(free, cap):
-            placement = place_shape(free, node_count, per_node, prefer)
-            if placement is None:
-                continue
-            seconds = self.predicted_seconds(spec, placement, state, job.remaining_samples)
+        for node_count, per_node, placement in self._layouts(spec, state, free, cap):
+            seconds, cost = self._time_and_cost(job, placement, state, node_count, per_node)
             if seconds == float("inf"):
                 continue
-            cost = placement_cost(placement, state, self.theta)
             found.append(Option(placement, seconds, 1.0 / (seconds * cost)))
         return found
+
+    def _layouts(
+        self, spec: JobSpec, state: ClusterState, free: Mapping[str, int], cap: int
+    ) -> list[tuple[int, int, dict[str, int]]]:
+        """(d_node, d_gpu, placement) for every feasible shape. Without a node preference or a
+        node selector the answer depends only on the free GPUs, so it is shared by all tasks."""
+        shared = spec.candidates is None and not self.locality
+        key = (tuple(sorted(free.items())), cap)
+        if shared and key in self._layout_memo:
+            return self._layout_memo[key]
+        free = candidate_free(spec, free)
+        prefer = self.preference(spec, state)
+        layouts = []
+        for node_count, per_node in symmetric_shapes(free, cap):
+            placement = place_shape(free, node_count, per_node, prefer)
+            if placement is not None:
+                layouts.append((node_count, per_node, placement))
+        if shared:
+            if len(self._layout_memo) > 4096:
+                self._layout_memo.clear()
+            self._layout_memo[key] = layouts
+        return layouts
+
+    def _time_and_cost(
+        self,
+        job: JobState,
+        placement: dict[str, int],
+        state: ClusterState,
+        node_count: int,
+        per_node: int,
+    ) -> tuple[float, float]:
+        key = (
+            job.job_id,
+            job.remaining_samples,
+            node_count,
+            per_node,
+            state.total_gpus,
+            len(state.nodes),
+        )
+        if self.locality or key not in self._by_shape:
+            seconds = self.predicted_seconds(job.spec, placement, state, job.remaining_samples)
+            value = (seconds, placement_cost(placement, state, self.theta))
+            if self.locality:
+                return value
+            self._by_shape[key] = value
+        return self._by_shape[key]
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementChoice | None:
         """For one job: its highest-CER placement (the endpoint has no queue to order)."""
@@ -247,8 +288,9 @@ class _ClassQueuePolicy(Policy):
     Each task gets the GPUs it asked for, first fit. Used by Capacity and Weighted Fair.
     """
 
+    @abstractmethod
     def _priority(self, qos: QosClass, used: Mapping[QosClass, int], total: int) -> float:
-        raise NotImplementedError
+        """Lower is served first."""
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementChoice | None:
         free = candidate_free(job, state.free_gpus())
@@ -337,7 +379,15 @@ class MinMinPolicy(_ShapePlanner):
     base_name = "min-min"
 
     def schedule(self, state: ClusterState) -> list[Decision]:
-        return _greedy_rounds(self, state, lambda options: [(-o.seconds, o) for o in options])
+        return _greedy_rounds(self, state, lambda option, _free, _round: -option.seconds)
+
+
+@dataclass(frozen=True)
+class _Round:
+    """What the scores of one round are normalised by: the fastest time and best CER seen."""
+
+    fastest: float
+    best_cer: float
 
 
 class TetrisPolicy(_ShapePlanner):
@@ -345,8 +395,11 @@ class TetrisPolicy(_ShapePlanner):
 
     Alignment = Σ GPUs·free GPUs on each chosen node / (GPUs · GPUs per node) (Tetris' dot
     product, preferring well-fitting nodes). The second term is ``perf`` (shortest predicted
-    time first, Tetris' SRTF term fed by the performance model) or ``cer`` (CER normalised).
+    time first across all tasks, Tetris' SRTF term fed by the performance model) or ``cer``
+    (CER over the best CER of the round).
     """
+
+    base_name = "tetris"
 
     def __init__(self, *, locality: bool = False, theta: float = 0.5, term: str = "perf") -> None:
         super().__init__(locality=locality, theta=theta)
@@ -358,54 +411,41 @@ class TetrisPolicy(_ShapePlanner):
     def name(self) -> str:
         return f"tetris+{self.term}" + ("+locality" if self.locality else "")
 
-    base_name = "tetris"
-
     def schedule(self, state: ClusterState) -> list[Decision]:
         per_node = max(node.gpus for node in state.nodes.values())
 
-        def score_all(options: list[Option], free: Mapping[str, int]) -> list[tuple[float, Option]]:
-            if not options:
-                return []
-            fastest = min(o.seconds for o in options)
-            best_cer = max(o.cer for o in options)
-            scored = []
-            for option in options:
-                gpus = sum(option.placement.values())
-                alignment = sum(g * free[n] for n, g in option.placement.items()) / (
-                    gpus * per_node
-                )
-                second = fastest / option.seconds if self.term == "perf" else option.cer / best_cer
-                scored.append((alignment + second, option))
-            return scored
+        def score(option: Option, free: Mapping[str, int], round_: _Round) -> float:
+            gpus = sum(option.placement.values())
+            alignment = sum(g * free[n] for n, g in option.placement.items()) / (gpus * per_node)
+            if self.term == "perf":
+                return alignment + round_.fastest / option.seconds
+            return alignment + option.cer / round_.best_cer
 
-        return _greedy_rounds(self, state, score_all, needs_free=True)
+        return _greedy_rounds(self, state, score)
 
 
 def _greedy_rounds(
     policy: _ShapePlanner,
     state: ClusterState,
-    score: Callable[..., list[tuple[float, Option]]],
-    *,
-    needs_free: bool = False,
+    score: Callable[[Option, Mapping[str, int], _Round], float],
 ) -> list[Decision]:
-    """Start the best-scoring (task, placement) pair, then re-score on what is left; repeat.
-
-    ``score(options)`` (or ``score(options, free)`` with ``needs_free``) returns (score, option)
-    pairs; scores are compared across tasks.
-    """
+    """Start the best-scoring (task, placement) pair, then re-score on what is left; repeat."""
     free = state.free_gpus()
     waiting = list(state.waiting)
     decisions: list[Decision] = []
     while waiting:
         options = {job.job_id: policy.options(job, state, free) for job in waiting}
+        every = [option for found in options.values() for option in found]
+        if not every:
+            break
+        round_ = _Round(min(o.seconds for o in every), max(o.cer for o in every))
         best = None
         for job in waiting:
-            scored = score(options[job.job_id], free) if needs_free else score(options[job.job_id])
-            for value, option in scored:
+            for option in options[job.job_id]:
+                value = score(option, free, round_)
                 if best is None or value > best[0]:
                     best = (value, job, option)
-        if best is None:
-            break
+        assert best is not None
         _value, job, option = best
         take(free, option.placement)
         waiting.remove(job)

@@ -77,6 +77,10 @@ class TdcsPolicy(Policy):
         self.max_jobs_per_copy = max_jobs_per_copy
         self.overflow = overflow
 
+    @property
+    def name(self) -> str:
+        return "tdcs-clone" if self.overflow == "clone" else "tdcs"
+
     def place(self, job: JobSpec, state: ClusterState) -> PlacementChoice | None:
         decision = self._decide(job, state, self._jobs_per_copy(state))
         if not isinstance(decision, tuple):

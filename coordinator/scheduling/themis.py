@@ -9,8 +9,8 @@ Themis round (at every arrival, completion and lease expiry):
    nothing until it wins again.
 2. The pool is offered to the ``ceil((1 − f)·N)`` apps with the worst ρ (fairness knob f).
 3. Each offered app bids ρ for every number of extra GPUs (up to its demand), estimated by its
-   profile on a compact placement. Zero extra GPUs is valued as "wait one more lease, then run
-   at full demand", so every bid is finite.
+   profile on a compact placement. Zero GPUs is valued as "wait one more lease, then run on a
+   fair 1/N share", so every bid is finite.
 4. Partial-allocation auction: the allocation maximising Π 1/ρ (Nash social welfare, a grouped
    knapsack in log space); each winner keeps the fraction c_i = Π_{j≠i} V_j(A) / Π_{j≠i} V_j(A_-i)
    of its GPUs (rounded to the nearest GPU), the hidden payment for the harm it does to others.
@@ -27,7 +27,7 @@ preemptive, each job gang-scheduled on exactly the GPUs it asked for, consolidat
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .knapsack import solve_grouped_knapsack
@@ -37,6 +37,7 @@ from .model import (
     Decision,
     JobSpec,
     JobState,
+    Placement,
     PlacementChoice,
     Resize,
     SchedulingError,
@@ -53,12 +54,19 @@ def finish_time_fairness(shared_s: float, independent_s: float) -> float:
     return shared_s / independent_s
 
 
-def independent_seconds(spec: JobSpec, total_gpus: int, apps: int, per_node: int) -> float:
-    """Time of the whole job alone on a 1/``apps`` share of the cluster (a fraction of one GPU
-    is a time-slice of it)."""
-    share = total_gpus / max(apps, 1)
+def independent_seconds(
+    spec: JobSpec,
+    total_gpus: int,
+    apps: float,
+    per_node: int,
+    rate_of: Callable[[JobSpec, Placement], float] = estimated_rate,
+) -> float:
+    """T_independent: the whole job alone on a 1/``apps`` share of the cluster, compactly placed
+    (a share below one GPU is a time-slice of it). ``rate_of`` predicts samples/s: the job's
+    profile here, the ground truth in the simulator."""
+    share = total_gpus / max(apps, 1.0)
     gpus = max(1, min(spec.gpu_cap, int(share)))
-    rate = estimated_rate(spec, packed_shape(gpus, per_node))
+    rate = rate_of(spec, packed_shape(gpus, per_node))
     if share < 1:
         rate *= share
     return spec.samples / rate
@@ -141,12 +149,13 @@ class ThemisPolicy(Policy):
         return with_io(compute, self.io_seconds_on(job.spec, gpus, state, job.remaining_samples))
 
     def rho(self, job: JobState, gpus: int, state: ClusterState, apps: int) -> float:
-        """ρ if the app holds ``gpus`` from now on; with 0 it waits a lease, then runs at full
-        demand."""
+        """ρ if the app holds ``gpus`` from now on; with 0 it waits a lease, then runs on its
+        fair share (1/N of the cluster, at most its demand)."""
         if gpus > 0:
             remaining = self.remaining_seconds(job, gpus, state)
         else:
-            remaining = self.lease_s + self.remaining_seconds(job, job.spec.gpu_cap, state)
+            fair = max(1, min(job.spec.gpu_cap, state.total_gpus // max(apps, 1)))
+            remaining = self.lease_s + self.remaining_seconds(job, fair, state)
         shared = state.now - job.spec.arrival + remaining
         independent = independent_seconds(job.spec, state.total_gpus, apps, self._per_node(state))
         return finish_time_fairness(shared, independent)
@@ -156,6 +165,8 @@ class ThemisPolicy(Policy):
     def schedule(self, state: ClusterState) -> list[Decision]:
         apps = [*state.running, *state.waiting]
         count = len(apps)
+        running_ids = {job.job_id for job in state.running}
+        self._lease_ends = {j: end for j, end in self._lease_ends.items() if j in running_ids}
         expired = {
             job.job_id
             for job in state.running

@@ -8,14 +8,16 @@ Put it between the code under test and a real upstream (moto, the fake OSS serve
 - **inject faults** by rule, each for the next ``n`` matching requests or until cleared:
   an HTTP error with an S3/OSS-style XML body (``fail_next``, ``fail_matching``), a TCP reset
   (``reset_next``), a delay (``delay_next``), a body cut short (``truncate_next``), or no
-  answer at all (``blackhole``);
+  answer at all (``blackhole``); a request takes the first matching rule, in the order the
+  rules were added;
 - **stop and restart** on the same port (``stop()``/``start()``): the "store went away" case;
 - **model a slow store** for benchmarks: ``first_byte_delay_s`` before every response and
   ``bandwidth_bytes_per_s`` per connection.
 
-Bodies pass through byte-exactly in both directions; connections are kept alive on both sides
-(one upstream connection per client connection); the ``Host`` header is forwarded unchanged, so
-signatures computed by the client over the proxy's address still verify upstream.
+Bodies pass through byte-exactly in both directions. Client connections are kept alive
+whatever the upstream does (moto closes its connection after every response); each client
+connection has its own upstream connection, reopened as needed. The ``Host`` header is
+forwarded unchanged, so signatures computed over the proxy's address still verify upstream.
 
 Example::
 

@@ -23,7 +23,12 @@ from ..truth import profiles
 SEEDS = tuple(range(10))
 POLICIES = ("fifo", "p2-earliest-finish", "p2-elastic")
 LABELS = {"fifo": "FCFS", "p2-earliest-finish": "EF", "p2-elastic": "P2 elastic"}
-PAPER = {"jct_vs_fcfs": -0.40, "jct_vs_ef": -0.58, "makespan_vs_fcfs": -0.30, "makespan_vs_ef": -0.35}
+PAPER = {
+    "jct_vs_fcfs": -0.40,
+    "jct_vs_ef": -0.58,
+    "makespan_vs_fcfs": -0.30,
+    "makespan_vs_ef": -0.35,
+}
 
 
 def run(seeds: tuple[int, ...] = SEEDS) -> Report:
@@ -51,7 +56,9 @@ def run(seeds: tuple[int, ...] = SEEDS) -> Report:
         "makespan_vs_fcfs": change("makespan", "fifo"),
         "makespan_vs_ef": change("makespan", "p2-earliest-finish"),
     }
-    report = Report("p2_elastic", "P2 — elastic scaling vs FCFS and EF (ours vs the paper)", __doc__ or "")
+    report = Report(
+        "p2_elastic", "P2 — elastic scaling vs FCFS and EF (ours vs the paper)", __doc__ or ""
+    )
     report.table(
         ["policy", "mean JCT (min)", "makespan (min)"],
         [[LABELS[n], mean(n, "jct") / 60, mean(n, "makespan") / 60] for n in POLICIES],
