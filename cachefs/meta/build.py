@@ -465,7 +465,9 @@ class _Builder:
                 self._txn.drop(self._staged.db, delete=True)
                 self._txn.commit()
                 return
-            self._inodes.cursor.putmulti(batch, append=True)
+            _consumed, added = self._inodes.cursor.putmulti(batch, append=True)
+            if added != len(batch):  # append mode refuses, silently, a key that is not last
+                raise SnapshotError(f"snapshot at {self._dest!r}: staged inodes out of order")
             self._txn.commit()
             start = batch[-1][0] + b"\0"  # the next key after the last one moved
 

@@ -67,15 +67,51 @@ def pack_dir(nlink: int, mtime_ns: int, parent: int, name: bytes) -> bytes:
     return HEADER.pack(KIND_DIR, 0, nlink, 0, mtime_ns, parent) + name
 
 
+# unpack_entry is the hot path of every getattr, lookup and readdir entry. A frozen dataclass's
+# __init__ sets each field through object.__setattr__ (~1.5 µs for nine fields); setting the
+# slots directly through their descriptors builds the same Entry in half the time. Every field
+# is set in both branches below: an Entry field added without a line here would be unset.
+_new_entry = object.__new__
+_set_ino = Entry.ino.__set__
+_set_parent = Entry.parent.__set__
+_set_name = Entry.name.__set__
+_set_is_dir = Entry.is_dir.__set__
+_set_size = Entry.size.__set__
+_set_mtime_ns = Entry.mtime_ns.__set__
+_set_etag = Entry.etag.__set__
+_set_key = Entry.key.__set__
+_set_nlink = Entry.nlink.__set__
+
+
 def unpack_entry(ino: int, record: bytes) -> Entry:
     kind, etag_len, nlink, size, mtime_ns, parent = HEADER.unpack_from(record)
     tail_at = HEADER.size + etag_len
     tail = record[tail_at:]
+    entry = _new_entry(Entry)
+    _set_ino(entry, ino)
+    _set_parent(entry, parent)
+    _set_mtime_ns(entry, mtime_ns)
+    _set_nlink(entry, nlink)
     if kind == KIND_DIR:
-        return Entry(ino, parent, tail, True, 0, mtime_ns, "", "", nlink)
-    etag = record[HEADER.size : tail_at].decode(*_ETAG_ENCODING)
-    name = tail[tail.rfind(b"/") + 1 :]
-    return Entry(ino, parent, name, False, size, mtime_ns, etag, tail.decode("utf-8"), nlink)
+        _set_name(entry, tail)
+        _set_is_dir(entry, True)
+        _set_size(entry, 0)
+        _set_etag(entry, "")
+        _set_key(entry, "")
+    else:
+        _set_name(entry, tail[tail.rfind(b"/") + 1 :])
+        _set_is_dir(entry, False)
+        _set_size(entry, size)
+        _set_etag(entry, _decode_etag(record[HEADER.size : tail_at]))
+        _set_key(entry, tail.decode())
+    return entry
+
+
+def _decode_etag(etag: bytes) -> str:
+    try:
+        return etag.decode()  # the usual case, and the fastest call
+    except UnicodeDecodeError:
+        return etag.decode(*_ETAG_ENCODING)
 
 
 def file_version(record: bytes) -> tuple[int, int, bytes]:

@@ -13,6 +13,7 @@ from bench.read_bench import (
     evaluate,
     read_pass,
     render_markdown,
+    sanity_notes,
     summarise_profile,
     write_results,
 )
@@ -107,6 +108,25 @@ def test_missing_passes_leave_their_targets_out():
     ratios, targets = evaluate([_pass("cachefs_warm", 1, 9_000)])
     assert targets == []
     assert all(r["threads"] == 1 for r in ratios)
+
+
+def test_sanity_notes_flag_passes_that_did_not_measure_what_they_claim():
+    honest = [
+        _pass("cachefs_first_read_store", 4, 150, delta={"misses": 1000, "store_gets": 1000}),
+        _pass("cachefs_first_read_ram", 4, 5_000, delta={"hits_ram": 1300}),
+        _pass("cachefs_warm", 4, 16_000, delta={"hits_ram": 20}),
+    ]
+    assert sanity_notes(honest) == []
+    dishonest = [
+        _pass("cachefs_first_read_store", 4, 150, delta={"misses": 10, "store_gets": 10}),
+        _pass("cachefs_first_read_ram", 4, 5_000, delta={"hits_ram": 900, "misses": 100}),
+        _pass("cachefs_warm", 1, 16_000, delta={"hits_ram": 700}),
+    ]
+    notes = sanity_notes(dishonest)
+    assert len(notes) == 3
+    assert notes[0].startswith("cachefs_first_read_store@4: only 10 store GETs for 1,000 files")
+    assert notes[1].startswith("cachefs_first_read_ram@4: 100 misses and 900 RAM hits")
+    assert notes[2].startswith("cachefs_warm@1: 700 block reads reached the worker")
 
 
 def test_markdown_report_has_every_pass_target_and_the_reference_caveat():

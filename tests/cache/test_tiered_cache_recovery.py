@@ -14,8 +14,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_bytes, key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

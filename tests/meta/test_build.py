@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from cachefs.meta import ROOT, Snapshot, SnapshotError, build_snapshot
+from cachefs.meta import ROOT, Entry, Snapshot, SnapshotError, build_snapshot
 from cachefs.store.base import ObjectInfo
 from tests.meta.checks import SNAPSHOT_TIME_SLACK_NS, assert_snapshot_matches
 from tests.meta.model import build_model, dump
@@ -46,10 +46,18 @@ def test_imagenet_shaped_tree(build) -> None:
     snapshot, result = build(objects)
 
     image = snapshot.resolve("train/n01440764/n01440764_10026.JPEG")
-    assert image is not None
-    assert (image.size, image.etag, image.mtime_ns, image.nlink) == (110_000, '"abc"', 300, 1)
-    assert image.key == "train/n01440764/n01440764_10026.JPEG"
-    assert image.name == b"n01440764_10026.JPEG" and not image.is_dir
+    class_dir = snapshot.resolve("train/n01440764")
+    assert image == Entry(
+        ino=image.ino,
+        parent=class_dir.ino,
+        name=b"n01440764_10026.JPEG",
+        is_dir=False,
+        size=110_000,
+        mtime_ns=300,
+        etag='"abc"',
+        key="train/n01440764/n01440764_10026.JPEG",
+        nlink=1,
+    )
     assert snapshot.getattr(image.ino) == image
     assert snapshot.lookup(image.parent, image.name) == image
 
@@ -93,6 +101,12 @@ def test_a_directory_marker_also_beats_a_file(build) -> None:
     assert snapshot.resolve("a").is_dir
     assert list(snapshot.readdir(snapshot.resolve("a").ino)) == []
     assert result.stats.skipped == {"conflict": 1}
+
+
+def test_etags_are_opaque_text(build) -> None:
+    etags = ['"0123456789abcdef0123456789abcdef-12"', "", "é", "odd\udcffbyte"]
+    snapshot, _ = build([obj(f"f{i}", etag=etag) for i, etag in enumerate(etags)])
+    assert [snapshot.resolve(f"f{i}").etag for i in range(len(etags))] == etags
 
 
 def test_duplicate_keys_first_one_wins(build) -> None:
