@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -367,15 +368,15 @@ def render_markdown(results: dict) -> str:
         f"{dataset['bytes'] / 1e9:.2f} GB, mean {dataset['mean_size'] / 1e3:.0f} KB, "
         f"median {dataset['median_size'] / 1e3:.0f} KB (seed {dataset['seed']})",
         f"- source: {results['source']}",
+        f"- worker: `cachefs up` defaults{_extra_args(results.get('worker_args'))}",
         f"- best of {results['repeats']} runs per row; shuffled order (seed "
         f"{results['order_seed']}); every length and {results['sample_files']} sha256 samples "
         "verified per run",
         f"- worker RSS after the passes: {_rss(results.get('worker_rss_bytes'))}",
         "",
         "| pass | readers | files/s | GB/s | vs tmpfs | all runs: s (CPU busy before) "
-        "| worker CPU/file "
-        "| reached the worker |",
-        "|---|---:|---:|---:|---:|---|---:|---|",
+        "| worker CPU/file | worker writes/file | reached the worker |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     tmpfs = {
         p["threads"]: p["files_per_s"] for p in results["passes"] if p["name"] == "tmpfs_direct"
@@ -394,10 +395,12 @@ def render_markdown(results: dict) -> str:
         delta = dict(p.get("worker_delta") or {})
         cpu_ms = delta.pop("worker_cpu_ms", None)
         cpu = "" if cpu_ms is None else f"{1000 * cpu_ms / p['files']:,.0f} µs"
+        writes = delta.pop("worker_write_syscalls", None)
+        writes = "" if writes is None else f"{writes / p['files']:.1f}"
         lines.append(
             f"| {PASS_TITLES.get(p['name'], p['name'])} | {p['threads']} "
             f"| {p['files_per_s']:,.0f} | {p['gb_per_s']:.3f} | {versus} | {runs} | {cpu} "
-            f"| {_delta(delta)} |"
+            f"| {writes} | {_delta(delta)} |"
         )
     lines += ["", "### Targets (reported, never asserted)", ""]
     lines += ["| target | value | threshold | met |", "|---|---:|---:|---|"]
@@ -451,6 +454,10 @@ def _render_profile(name: str, profile: dict) -> list[str]:
     return lines
 
 
+def _extra_args(worker_args: str | None) -> str:
+    return f" plus `{worker_args}`" if worker_args else ""
+
+
 def _number(value: float | None) -> str:
     if value is None:
         return "—"
@@ -477,6 +484,7 @@ def write_results(results: dict, *, json_path: str | None, save_dir: str | None)
         os.makedirs(save_dir, exist_ok=True)
         targets.append(os.path.join(save_dir, f"{results['date']}.json"))
     for path in targets:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as out:
             json.dump(results, out, indent=2)
             out.write("\n")
@@ -572,7 +580,9 @@ class MotoProcess:
 class WorkerProcess:
     """``python -m cachefs up`` with its own state dir, RAM-tier dir and mount."""
 
-    def __init__(self, workdir: str, *, ram: str, env: dict[str, str]):
+    def __init__(
+        self, workdir: str, *, ram: str, env: dict[str, str], extra_args: Sequence[str] = ()
+    ):
         from cachefs.client import ControlClient  # only the worker part of the bench needs it
 
         self.state = os.path.join(workdir, "state")
@@ -602,6 +612,7 @@ class WorkerProcess:
                 self.ram_dir,
                 "--metrics",
                 "off",
+                *extra_args,
             ],
             env=child_env,
             stdout=log,
@@ -638,6 +649,7 @@ class WorkerProcess:
         counters["misses"] = reads["misses"]
         counters["store_gets"] = status["store"]["requests"].get("get:ok", 0)
         counters["worker_cpu_ms"] = round(1000 * self.cpu_seconds())
+        counters["worker_write_syscalls"] = self.write_syscalls()
         return counters
 
     def cpu_seconds(self) -> float:
@@ -645,6 +657,12 @@ class WorkerProcess:
         with open(f"/proc/{self.process.pid}/stat") as stat:
             fields = stat.read().rpartition(")")[2].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def write_syscalls(self) -> int:
+        """write/writev calls the worker has made: during a pass almost all are FUSE replies
+        (one per request), so the delta per file counts the FUSE requests a file costs."""
+        with open(f"/proc/{self.process.pid}/io") as io:
+            return next(int(line.split()[1]) for line in io if line.startswith("syscw:"))
 
     def check_alive(self) -> None:
         if self.process.poll() is not None or not os.path.ismount(self.mount):
@@ -963,7 +981,9 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             dataset_spec = {"name": DATASET_NAME, "uri": f"file://{os.path.abspath(source_dir)}"}
             env = {}
         ram = f"{max(1 << 30, 2 * plan.total_bytes) >> 20}MiB"
-        worker = WorkerProcess(args.workdir, ram=ram, env=env)
+        worker = WorkerProcess(
+            args.workdir, ram=ram, env=env, extra_args=shlex.split(args.worker_args)
+        )
         print(f"cachefs worker pid {worker.process.pid}, RAM tier {ram}", file=sys.stderr)
         cachefs_results, profile = cachefs_passes(
             setup, worker, dataset_spec, args.profile, os.path.join(args.workdir, "profile")
@@ -994,6 +1014,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             "seed": plan.seed,
         },
         "source": source,
+        "worker_args": args.worker_args,
         "repeats": args.repeats,
         "order_seed": args.order_seed,
         "sample_files": len(sample),
@@ -1059,6 +1080,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="comma-separated cachefs passes (first_read_store, first_read_ram, warm) to run "
         "once more, untimed, under py-spy",
+    )
+    parser.add_argument(
+        "--worker-args",
+        default="",
+        help="extra `cachefs up` options for tuning experiments, e.g. '--max-tasks 8'",
     )
     parser.add_argument("--note", action="append", help="a note to store with the results")
     return parser

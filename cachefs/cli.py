@@ -52,6 +52,7 @@ def cmd_up(args) -> int:
         attr_timeout=parse_duration(args.attr_timeout),
         max_tasks=args.max_tasks,
         allow_other=not args.no_allow_other,
+        no_open={"auto": None, "on": True, "off": False}[args.fuse_no_open],
         metrics_listen=None if args.metrics == "off" else args.metrics,
         limits=ReadLimits(store_threads=args.store_threads),
         **({"node": args.node} if args.node else {}),
@@ -234,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--max-tasks", type=int, default=64, help="concurrent FUSE requests")
     up.add_argument("--store-threads", type=int, default=32, help="concurrent store requests")
     up.add_argument("--no-allow-other", action="store_true", help="only root may read the mount")
+    up.add_argument(
+        "--fuse-no-open",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="FUSE no-open mode: the kernel stops sending OPEN/RELEASE and warm reads never "
+        "reach Python (auto: on when the patched pyfuse3 of third_party/ is installed)",
+    )
     up.add_argument("--metrics", default="127.0.0.1:9464", help="HOST:PORT for /metrics, or off")
     up.add_argument("--node", help="node name (default: hostname)")
     up.set_defaults(func=cmd_up)

@@ -66,6 +66,7 @@ class WorkerConfig:
     max_tasks: int = 64
     allow_other: bool = True
     metrics_listen: str | None = "127.0.0.1:9464"
+    no_open: bool | None = None  # None: on when the patched pyfuse3 is installed
     node: str = field(default_factory=socket.gethostname)
     limits: ReadLimits = field(default_factory=ReadLimits)
 
@@ -86,6 +87,7 @@ class Worker(WorkerAPI):
         self._last_refresh: dict[str, float] = {}
         self._metrics_registry = make_registry(self.metrics, self._gauges)
         self.mounted = False
+        self.no_open = False
         self.cache: TieredBlockCache | None = None
         self.registry: Registry | None = None
         self.fs: FileSystem | None = None
@@ -169,8 +171,13 @@ class Worker(WorkerAPI):
         cfg = self.config
         prepare_mountpoint(cfg.mountpoint)
         ops = fuse_ops.FuseOperations(
-            self.fs, self.metrics, entry_timeout=cfg.entry_timeout, attr_timeout=cfg.attr_timeout
+            self.fs,
+            self.metrics,
+            entry_timeout=cfg.entry_timeout,
+            attr_timeout=cfg.attr_timeout,
+            no_open=cfg.no_open,
         )
+        self.no_open = ops.no_open
         fuse_ops.mount(
             ops,
             cfg.mountpoint,
@@ -470,6 +477,7 @@ class Worker(WorkerAPI):
             "uptime_s": time.time() - self.started_at,
             "admission": self.config.admission,
             "promote": self.config.promote,
+            "fuse_no_open": self.no_open,
             "tiers": [vars_of(usage) for usage in self.cache.usage()],
             "reads": {
                 "hits": dict(m.hits),

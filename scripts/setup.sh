@@ -19,4 +19,7 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".[dev]"
+# pyfuse3 with a one-line patch that enables FUSE no-open mode (see the script's docstring);
+# cachefs also runs on the stock pyfuse3, only slower.
+.venv/bin/python third_party/pyfuse3/build.py
 echo "setup: ready (.venv/bin/cachefs)" >&2

@@ -195,6 +195,19 @@ class FileSystem:
             raise BadFileHandle(f"file handle {fh} is not open")
         return await self.reader.read(handle.source, handle.version, offset, size)
 
+    async def read_inode(self, ino: int, offset: int, size: int) -> bytes:
+        """Read by inode, for FUSE's no-open mode (the kernel sends no OPEN, so there is no
+        handle). The file's version is looked up per read: after a refresh the kernel's cached
+        pages of changed inodes are invalidated, so old and new bytes are never mixed."""
+        dataset = self._dataset_of(ino)
+        entry = dataset.snapshot.getattr(ino & LOCAL_MASK)
+        if entry is None:
+            raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
+        if entry.is_dir:
+            raise IsADirectory(f"{entry.name!r} is a directory")
+        version = FileVersion(entry.key, entry.etag, entry.size)
+        return await self.reader.read(dataset.source, version, offset, size)
+
     def release(self, fh: int) -> None:
         self._open.pop(fh, None)
 

@@ -24,10 +24,16 @@ from cachefs.errors import (
     ReadOnly,
     StoreError,
 )
-from cachefs.fs.core import Attr, FileSystem
+from cachefs.fs.core import SLOT_SHIFT, Attr, FileSystem
 from cachefs.metrics import WorkerMetrics
 
 log = logging.getLogger("cachefs.fuse")
+
+#: True when pyfuse3 carries cachefs's patch (third_party/pyfuse3/build.py).
+NO_OPEN_SUPPORTED = bool(getattr(pyfuse3, "READ_FH_FALLS_BACK_TO_INODE", False))
+#: File handles are small counters; dataset inodes are >= 1 << SLOT_SHIFT. A read "handle" at or
+#: above this is an inode (no-open mode).
+INODE_FH_THRESHOLD = 1 << SLOT_SHIFT
 
 _ERRNO_BY_TYPE: list[tuple[type[Exception], int]] = [
     (PathNotFound, errno.ENOENT),
@@ -65,8 +71,17 @@ class FuseOperations(pyfuse3.Operations):
         attr_timeout: float = 3600.0,
         uid: int = 0,
         gid: int = 0,
+        no_open: bool | None = None,
     ):
         super().__init__()
+        # No-open mode: answer the first OPEN with ENOSYS, after which the kernel sends no
+        # OPEN/RELEASE at all and keeps page caches across opens (warm reads never reach
+        # Python). Needs read() to learn the inode, which only the patched pyfuse3 does.
+        if no_open is None:
+            no_open = NO_OPEN_SUPPORTED
+        elif no_open and not NO_OPEN_SUPPORTED:
+            raise ValueError("no-open mode needs the patched pyfuse3 (third_party/pyfuse3)")
+        self.no_open = no_open
         self.fs = fs
         self.metrics = metrics
         self.entry_timeout = entry_timeout
@@ -179,12 +194,17 @@ class FuseOperations(pyfuse3.Operations):
             raise self._fail(exc, "open") from None
         finally:
             self._open_latency.observe(time.perf_counter() - began)
+        if self.no_open:
+            self.fs.release(fh)
+            raise pyfuse3.FUSEError(errno.ENOSYS)  # the kernel's cue to stop sending OPEN
         # keep_cache: the page cache survives close(), so later epochs never reach Python.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
 
     async def read(self, fh, off, size):
         began = time.perf_counter()
         try:
+            if fh >= INODE_FH_THRESHOLD:  # no-open mode: the patched pyfuse3 passed the inode
+                return await self.fs.read_inode(fh, off, size)
             return await self.fs.read(fh, off, size)
         except Exception as exc:
             raise self._fail(exc, "read") from None
