@@ -82,6 +82,7 @@ class Worker(WorkerAPI):
         self.started_at = time.time()
         self._shutdown = trio.Event()
         self._build_limiter = trio.CapacityLimiter(2)
+        self._admin_limiter = trio.CapacityLimiter(4)
         self._dataset_locks: dict[str, trio.Lock] = {}
         self._errors: dict[str, str] = {}  # dataset -> last refresh error (shown in status)
         self._last_refresh: dict[str, float] = {}
@@ -274,6 +275,15 @@ class Worker(WorkerAPI):
     def _snapshot_root(self) -> str:
         return os.path.join(self.config.state_dir, "snapshots")
 
+    async def _blocking(self, fn, *args):
+        """Run an admin-path blocking call (store client setup, LMDB writes with fsync, snapshot
+        opens, directory removal) in a thread, so the FUSE loop never waits on it."""
+        return await trio.to_thread.run_sync(partial(fn, *args), limiter=self._admin_limiter)
+
+    def _remove_snapshot_dir(self, dirname: str | None) -> None:
+        if dirname:
+            shutil.rmtree(os.path.join(self._snapshot_root, dirname), ignore_errors=True)
+
     def _lock_for(self, name: str) -> trio.Lock:
         return self._dataset_locks.setdefault(name, trio.Lock())
 
@@ -327,7 +337,7 @@ class Worker(WorkerAPI):
         async with self._lock_for(spec.name):
             if self.fs.dataset(spec.name) is not None:
                 raise DatasetExists(f"dataset {spec.name!r} already exists")
-            source = self._open_source(spec)
+            source = await self._blocking(self._open_source, spec)
             try:
                 dirname, result = await self._build(spec, source, previous=None)
             except BaseException:
@@ -336,12 +346,14 @@ class Worker(WorkerAPI):
             spec.extra["snapshot"] = dirname
             spec.generation = 1
             try:
-                spec = self.registry.add(spec)
+                spec = await self._blocking(self.registry.add, spec)
             except BaseException:
                 shutil.rmtree(os.path.join(self._snapshot_root, dirname), ignore_errors=True)
                 source.store.close()
                 raise
-            snapshot = Snapshot.open(os.path.join(self._snapshot_root, dirname))
+            snapshot = await self._blocking(
+                Snapshot.open, os.path.join(self._snapshot_root, dirname)
+            )
             self.fs.add_dataset(MountedDataset(spec.name, spec.slot, snapshot, source))
             self._errors.pop(spec.name, None)
             self._last_refresh[spec.name] = time.time()
@@ -359,7 +371,7 @@ class Worker(WorkerAPI):
             spec = self.registry.get(name)
             dataset = self.fs.remove_dataset(name)
             await self._invalidate(MOUNT_ROOT, name.encode())
-            self.registry.remove(name)
+            await self._blocking(self.registry.remove, name)
             self._errors.pop(name, None)
             freed = 0
             if dataset is not None:
@@ -369,10 +381,7 @@ class Worker(WorkerAPI):
                     )
                 dataset.snapshot.close()
                 dataset.source.store.close()
-            shutil.rmtree(
-                os.path.join(self._snapshot_root, spec.extra.get("snapshot", "-")),
-                ignore_errors=True,
-            )
+            await self._blocking(self._remove_snapshot_dir, spec.extra.get("snapshot"))
             return {"name": name, "removed": True, "freed_bytes": freed}
 
     async def refresh_dataset(self, name: str) -> dict[str, Any]:
@@ -380,7 +389,7 @@ class Worker(WorkerAPI):
             spec = self.registry.get(name)
             dataset = self.fs.dataset(name)
             if dataset is None:  # failed to open at start: rebuild from scratch
-                source = self._open_source(spec)
+                source = await self._blocking(self._open_source, spec)
                 previous = None
             else:
                 source, previous = dataset.source, dataset.snapshot
@@ -389,17 +398,19 @@ class Worker(WorkerAPI):
             except CachefsError as exc:
                 self._errors[name] = str(exc)
                 raise
-            new_snapshot = Snapshot.open(os.path.join(self._snapshot_root, dirname))
+            new_snapshot = await self._blocking(
+                Snapshot.open, os.path.join(self._snapshot_root, dirname)
+            )
             old_dir = spec.extra.get("snapshot")
             spec.extra["snapshot"] = dirname
             spec.generation += 1
-            self.registry.update(spec)
+            await self._blocking(self.registry.update, spec)
             if dataset is None:
                 self.fs.add_dataset(MountedDataset(name, spec.slot, new_snapshot, source))
             else:
                 self.fs.replace_snapshot(name, new_snapshot, source).close()
                 await self._invalidate_changes(dataset, result)
-            shutil.rmtree(os.path.join(self._snapshot_root, old_dir or "-"), ignore_errors=True)
+            await self._blocking(self._remove_snapshot_dir, old_dir)
             self._errors.pop(name, None)
             self._last_refresh[name] = time.time()
             status = self._dataset_status(spec)
