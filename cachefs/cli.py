@@ -51,6 +51,7 @@ def cmd_up(args) -> int:
         entry_timeout=parse_duration(args.entry_timeout),
         attr_timeout=parse_duration(args.attr_timeout),
         max_tasks=args.max_tasks,
+        readahead_kib=parse_size(args.readahead) // 1024,
         allow_other=not args.no_allow_other,
         no_open={"auto": None, "on": True, "off": False}[args.fuse_no_open],
         metrics_listen=None if args.metrics == "off" else args.metrics,
@@ -233,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--entry-timeout", default="1h", help="kernel dentry cache time")
     up.add_argument("--attr-timeout", default="1h", help="kernel attribute cache time")
     up.add_argument("--max-tasks", type=int, default=64, help="concurrent FUSE requests")
+    up.add_argument("--readahead", default="1MiB", help="kernel readahead of the mount (0: leave)")
     up.add_argument("--store-threads", type=int, default=32, help="concurrent store requests")
     up.add_argument("--no-allow-other", action="store_true", help="only root may read the mount")
     up.add_argument(

@@ -75,6 +75,7 @@ def _results(passes=PASSES) -> dict:
         "sample_files": 50,
         "passes": passes,
         "worker_rss_bytes": 200 << 20,
+        "worker_fuse_no_open": True,
         "ratios": ratios,
         "targets": targets,
         "notes": ["a note"],
@@ -107,6 +108,12 @@ def test_ratios_compare_with_tmpfs_of_the_same_reader_count_and_the_references()
     assert ratios[("cachefs_warm / rclone 1.60 (vfs-cache full) warm@4 (reference)", 4)] == (
         pytest.approx(16_000 / 1540)
     )
+
+
+def test_a_local_directory_source_is_not_compared_with_the_peers_first_reads():
+    ratios = [r["what"] for r in evaluate(PASSES, s3_source=False)[0]]
+    assert "cachefs_first_read_store / tmpfs_direct" in ratios
+    assert not any(r.startswith("cachefs_first_read_store / s3fs") for r in ratios)
 
 
 def test_missing_passes_leave_their_targets_out():
@@ -146,6 +153,7 @@ def test_markdown_report_has_every_pass_target_and_the_reference_caveat():
     assert "NOT re-measured" in text
     assert "| s3fs 1.90 | 357 | 559 | 1,295 |" in text
     assert "worker RSS after the passes: 200 MiB" in text
+    assert "FUSE no-open mode: on" in text
     assert "- a note" in text
     assert "0.06 (5%), 0.09 (40%)" in text  # every run, with the CPU load it started under
 

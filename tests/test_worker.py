@@ -1,0 +1,48 @@
+"""Worker process settings that the kernel holds: readahead of the mount (applied after FUSE
+INIT, which would otherwise reset it to 128 KiB) and the clean unmount on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from tests.worker_process import WorkerProcess
+
+
+def mount_readahead_kib(mount: str) -> int:
+    with open("/proc/self/mountinfo") as mountinfo:
+        device = [line.split()[2] for line in mountinfo if line.split()[4] == mount][-1]
+    with open(f"/sys/class/bdi/{device}/read_ahead_kb") as f:
+        return int(f.read())
+
+
+def test_readahead_is_applied_after_init_and_configurable(tmp_path):
+    default = WorkerProcess(str(tmp_path / "a")).start()
+    custom = WorkerProcess(str(tmp_path / "b"), extra_args=("--readahead", "256KiB")).start()
+    try:
+        assert mount_readahead_kib(os.path.realpath(default.mount)) == 1024
+        assert mount_readahead_kib(os.path.realpath(custom.mount)) == 256
+    finally:
+        default.cleanup()
+        custom.cleanup()
+
+
+def test_sigterm_unmounts_cleanly_and_keeps_state(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "f").write_bytes(b"kept")
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    try:
+        worker.add_dataset("d", f"file://{source}")
+        with open(worker.path("d", "f"), "rb") as f:
+            assert f.read() == b"kept"
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(timeout=30) == 0
+        assert not os.path.ismount(worker.mount)
+        worker.proc = None
+        worker.start()
+        with open(worker.path("d", "f"), "rb") as f:
+            assert f.read() == b"kept"
+        assert worker.status()["reads"]["misses"] == 0  # served from the kept RAM tier
+    finally:
+        worker.cleanup()
