@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -411,8 +412,8 @@ def render_markdown(results: dict) -> str:
     lines += ["| target | value | threshold | met |", "|---|---:|---:|---|"]
     for t in results["targets"]:
         lines.append(
-            f"| {t['target']} | {_number(t['value'])} {t['unit']} "
-            f"| {_number(t['threshold'])} | {'PASS' if t['met'] else 'FAIL'} |"
+            f"| {t['target']} | {_target_number(t['value'], t['unit'])} {t['unit']} "
+            f"| {_target_number(t['threshold'], t['unit'])} | {'PASS' if t['met'] else 'FAIL'} |"
         )
     lines += ["", "### Ratios", "", "| ratio | readers | value |", "|---|---:|---:|"]
     for r in results["ratios"]:
@@ -465,6 +466,11 @@ def _on_off(flag: bool | None) -> str:
 
 def _extra_args(worker_args: str | None) -> str:
     return f" plus `{worker_args}`" if worker_args else ""
+
+
+def _target_number(value: float, unit: str) -> str:
+    """Ratios with three decimals, so that 0.699 against a 0.7 threshold does not read 0.70."""
+    return f"{value:.3f}" if unit.startswith("x") else _number(value)
 
 
 def _number(value: float | None) -> str:
@@ -598,6 +604,8 @@ class WorkerProcess:
         self.mount = os.path.join(workdir, "mnt")
         self.ram_dir = f"/dev/shm/cachefs-read-bench-{os.getpid()}"
         self.log_path = os.path.join(workdir, "worker.log")
+        if os.path.ismount(self.mount):
+            raise BenchmarkFailure(f"{self.mount} is already mounted (another worker?)")
         shutil.rmtree(self.state, ignore_errors=True)  # a cold cache every run
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         child_env = {**os.environ, **env}
@@ -940,7 +948,36 @@ def _layer_of(stack: str) -> str:
     return "other"
 
 
+def lock_workdir(workdir: str):
+    """Hold ``workdir/read_bench.lock`` for the caller's lifetime (return the open file).
+
+    Two benchmarks sharing a work directory destroy each other (each starts by deleting the
+    worker state there), so a second one is refused with the holder's pid.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    lock_file = open(os.path.join(workdir, "read_bench.lock"), "a+")  # noqa: SIM115 - held
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.seek(0)
+        holder = lock_file.read().strip() or "?"
+        lock_file.close()
+        raise BenchmarkFailure(
+            f"another read_bench (pid {holder}) is using --workdir {workdir}: wait for it to "
+            "finish or pass another --workdir"
+        ) from None
+    lock_file.truncate(0)
+    lock_file.write(str(os.getpid()))
+    lock_file.flush()
+    return lock_file
+
+
 def run_benchmark(args: argparse.Namespace) -> dict:
+    with lock_workdir(args.workdir):
+        return _run_benchmark(args)
+
+
+def _run_benchmark(args: argparse.Namespace) -> dict:
     plan = plan_dataset(args.files, classes=args.classes, seed=args.seed)
     thread_counts = sorted({int(t) for t in args.threads.split(",")})
     order = list(range(len(plan.files)))

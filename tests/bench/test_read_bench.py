@@ -11,6 +11,7 @@ import pytest
 from bench.read_bench import (
     BenchmarkFailure,
     evaluate,
+    lock_workdir,
     read_pass,
     render_markdown,
     sanity_notes,
@@ -148,7 +149,7 @@ def test_markdown_report_has_every_pass_target_and_the_reference_caveat():
     assert "misses 1,000, store_gets 1,000" in text
     # worker CPU and write syscalls per file, apart from the other counters
     assert "| 250 µs | 5.3 | hits_ram 1,000 |" in text
-    assert "| warm >= 0.7x tmpfs direct, 4 readers | 0.80 x tmpfs | 0.70 | PASS |" in text
+    assert "| warm >= 0.7x tmpfs direct, 4 readers | 0.800 x tmpfs | 0.700 | PASS |" in text
     assert "| 5,000 files/s | 6,000 | FAIL |" in text
     assert "NOT re-measured" in text
     assert "| s3fs 1.90 | 357 | 559 | 1,295 |" in text
@@ -241,6 +242,14 @@ def test_read_pass_reports_reader_exceptions(small_tree):
     paths[2] = paths[2] + ".missing"
     with pytest.raises(BenchmarkFailure, match="FileNotFoundError"):
         read_pass(paths, sizes, list(range(12)), 1, sample)
+
+
+def test_a_second_benchmark_cannot_share_a_work_directory(tmp_path):
+    refused = pytest.raises(BenchmarkFailure, match=r"another read_bench \(pid \d+\) is using")
+    with lock_workdir(str(tmp_path / "work")), refused:
+        lock_workdir(str(tmp_path / "work"))
+    with lock_workdir(str(tmp_path / "work")):  # free again once the first one is done
+        pass
 
 
 def test_profile_summary_splits_the_fuse_loop_into_layers_and_handlers(tmp_path):
