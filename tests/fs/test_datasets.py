@@ -4,6 +4,7 @@ Real worker process, real FUSE mount, real S3 endpoint (moto server)."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import pytest
@@ -172,3 +173,18 @@ def test_metrics_endpoint_exports_the_promised_series(worker, moto_s3, bucket):
         'cachefs_dataset_cached_bytes{dataset="ds"} 3000.0',
     ):
         assert series in text, series
+
+
+def test_periodic_refresh_picks_up_new_objects(worker, tmp_path):
+    source = tmp_path / "periodic"
+    source.mkdir()
+    (source / "a.bin").write_bytes(b"a")
+    worker.add_dataset("ds", f"file://{source}", refresh_interval_s=1.0)
+    assert os.listdir(worker.path("ds")) == ["a.bin"]
+    (source / "b.bin").write_bytes(b"b")
+    for _ in range(100):  # bounded: the interval is 1 s, housekeeping ticks every second
+        if worker.dataset_status("ds")["files"] == 2:
+            break
+        time.sleep(0.1)
+    assert worker.dataset_status("ds")["generation"] >= 2
+    assert read_file(worker.path("ds", "b.bin")) == b"b"
