@@ -977,81 +977,115 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         return _run_benchmark(args)
 
 
-def _run_benchmark(args: argparse.Namespace) -> dict:
+@dataclass
+class Source:
+    """Where the cachefs dataset reads from, as the worker and the report need it."""
+
+    description: str
+    dataset_spec: dict
+    env: dict[str, str]  # for the worker process (credentials of the moto server)
+    notes: list[str]
+
+
+def make_setup(args: argparse.Namespace) -> Setup:
     plan = plan_dataset(args.files, classes=args.classes, seed=args.seed)
-    thread_counts = sorted({int(t) for t in args.threads.split(",")})
     order = list(range(len(plan.files)))
     random.Random(args.order_seed).shuffle(order)
-    sample = sorted(random.Random(args.order_seed + 1).sample(order, min(args.sample, len(order))))
+    sample = random.Random(args.order_seed + 1).sample(order, min(args.sample, len(order)))
     sample_sha256 = {
         i: hashlib.sha256(file_bytes(plan.files[i], plan.seed)).hexdigest() for i in sample
     }
-    setup = Setup(
+    thread_counts = sorted({int(t) for t in args.threads.split(",")})
+    return Setup(
         plan, order, sample_sha256, thread_counts, args.repeats, args.quiet_cpu, args.quiet_wait
     )
 
-    os.makedirs(args.workdir, exist_ok=True)
+
+def s3_source(
+    setup: Setup, moto: MotoProcess, raw_get_files: int
+) -> tuple[Source, list[PassResult]]:
+    """Upload the dataset to moto and measure its raw GET rate."""
+    print(f"uploading to moto at {moto.endpoint}", file=sys.stderr)
+    client = moto.client()
+    client.create_bucket(Bucket=BUCKET)
+    upload_s3(client, BUCKET, "", setup.plan)
+    passes = raw_get_passes(setup, moto, raw_get_files)
+    source = Source(
+        description=f"s3: moto_server {moto.endpoint} (started by the bench, in-memory)",
+        dataset_spec={
+            "name": DATASET_NAME,
+            "uri": f"s3://{BUCKET}/",
+            "endpoint": moto.endpoint,
+            "region": MOTO_ENV["AWS_DEFAULT_REGION"],
+            "path_style": True,
+        },
+        env=MOTO_ENV,
+        notes=[
+            f"backend_raw_get reads {min(raw_get_files, len(setup.order)):,} of the objects "
+            "(whole-object boto3 GETs, one shared client)"
+        ],
+    )
+    return source, passes
+
+
+def file_source(setup: Setup, source_dir: str) -> tuple[Source, list[PassResult]]:
+    """The generated directory itself is the source; measure plain cold reads of it."""
+    paths = [os.path.join(source_dir, spec.path) for spec in setup.plan.files]
+    passes = run_repeats(setup, "backend_raw_get", paths, before_each=drop_page_cache)
+    source = Source(
+        description=f"file: local directory {source_dir} on {_filesystem_of(source_dir)}",
+        dataset_spec={"name": DATASET_NAME, "uri": f"file://{os.path.abspath(source_dir)}"},
+        env={},
+        notes=["backend_raw_get: plain reads of the source directory, page cache dropped"],
+    )
+    return source, passes
+
+
+def _run_benchmark(args: argparse.Namespace) -> dict:
+    setup = make_setup(args)
     source_dir = os.path.join(args.workdir, "source")
-    print(f"generating {len(plan.files):,} files in {source_dir}", file=sys.stderr)
-    write_local(source_dir, plan)
+    print(f"generating {len(setup.plan.files):,} files in {source_dir}", file=sys.stderr)
+    write_local(source_dir, setup.plan)
     load_before = list(os.getloadavg())
-    passes: list[PassResult] = []
-    notes: list[str] = []
     print("tmpfs direct", file=sys.stderr)
-    passes += tmpfs_passes(setup, source_dir)
+    passes = tmpfs_passes(setup, source_dir)
 
     moto = worker = None
     try:
         if args.source == "s3":
             moto = MotoProcess(os.path.join(args.workdir, "moto.log"))
-            print(f"uploading to moto at {moto.endpoint}", file=sys.stderr)
-            client = moto.client()
-            client.create_bucket(Bucket=BUCKET)
-            upload_s3(client, BUCKET, "", plan)
-            passes += raw_get_passes(setup, moto, args.raw_get_files)
-            notes.append(
-                f"backend_raw_get reads {min(args.raw_get_files, len(order)):,} of the objects "
-                "(whole-object boto3 GETs, one shared client)"
-            )
-            source = f"s3: moto_server {moto.endpoint} (started by the bench, in-memory)"
-            dataset_spec = {
-                "name": DATASET_NAME,
-                "uri": f"s3://{BUCKET}/",
-                "endpoint": moto.endpoint,
-                "region": MOTO_ENV["AWS_DEFAULT_REGION"],
-                "path_style": True,
-            }
-            env = MOTO_ENV
+            source, backend_passes = s3_source(setup, moto, args.raw_get_files)
         else:
-            source = f"file: local directory {source_dir} on {_filesystem_of(source_dir)}"
-            passes += run_repeats(
-                setup,
-                "backend_raw_get",
-                [os.path.join(source_dir, spec.path) for spec in plan.files],
-                before_each=drop_page_cache,
-            )
-            notes.append("backend_raw_get: plain reads of the source directory, page cache dropped")
-            dataset_spec = {"name": DATASET_NAME, "uri": f"file://{os.path.abspath(source_dir)}"}
-            env = {}
-        ram = f"{max(1 << 30, 2 * plan.total_bytes) >> 20}MiB"
+            source, backend_passes = file_source(setup, source_dir)
+        passes += backend_passes
+        ram = f"{max(1 << 30, 2 * setup.plan.total_bytes) >> 20}MiB"
         worker = WorkerProcess(
-            args.workdir, ram=ram, env=env, extra_args=shlex.split(args.worker_args)
+            args.workdir, ram=ram, env=source.env, extra_args=shlex.split(args.worker_args)
         )
         print(f"cachefs worker pid {worker.process.pid}, RAM tier {ram}", file=sys.stderr)
-        cachefs_results, profile = cachefs_passes(
-            setup, worker, dataset_spec, args.profile, os.path.join(args.workdir, "profile")
+        cachefs_results, profiles = cachefs_passes(
+            setup, worker, source.dataset_spec, args.profile, os.path.join(args.workdir, "profile")
         )
         passes += cachefs_results
         final_status = worker.client.status()
-        rss = final_status["rss_bytes"]
-        # Whether the kernel sends OPEN/RELEASE (see `cachefs up --fuse-no-open`).
-        fuse_no_open = final_status.get("fuse_no_open")
     finally:
         if worker:
             worker.stop()
         if moto:
             moto.stop()
+    return assemble_results(args, setup, passes, source, final_status, load_before, profiles)
 
+
+def assemble_results(
+    args: argparse.Namespace,
+    setup: Setup,
+    passes: list[PassResult],
+    source: Source,
+    final_status: dict,
+    load_before: list[float],
+    profiles: dict[str, dict],
+) -> dict:
+    plan = setup.plan
     summary = size_summary(spec.size for spec in plan.files)
     pass_dicts = [asdict(p) for p in passes]
     ratios, targets = evaluate(pass_dicts, s3_source=args.source == "s3")
@@ -1069,22 +1103,23 @@ def _run_benchmark(args: argparse.Namespace) -> dict:
             "median_size": summary["median"],
             "seed": plan.seed,
         },
-        "source": source,
+        "source": source.description,
         "worker_args": args.worker_args,
-        "worker_fuse_no_open": fuse_no_open,
+        # Whether the kernel sends OPEN/RELEASE (see `cachefs up --fuse-no-open`).
+        "worker_fuse_no_open": final_status.get("fuse_no_open"),
         "repeats": args.repeats,
         "order_seed": args.order_seed,
-        "sample_files": len(sample),
+        "sample_files": len(setup.sample_sha256),
         "passes": pass_dicts,
-        "worker_rss_bytes": rss,
+        "worker_rss_bytes": final_status["rss_bytes"],
         "ratios": ratios,
         "targets": targets,
         "reference_files_per_s": REFERENCE_FILES_PER_S,
         "reference_note": "anchors.md, measured on this machine type; not re-measured here",
-        "notes": notes + sanity_notes(pass_dicts) + list(args.note or []),
+        "notes": source.notes + sanity_notes(pass_dicts) + list(args.note or []),
     }
-    if profile:
-        results["profiles"] = profile
+    if profiles:
+        results["profiles"] = profiles
     return results
 
 
