@@ -638,7 +638,11 @@ class WorkerProcess:
         )
         log.close()
         self.client = ControlClient(self.state, timeout=600)
-        self._wait_mounted(timeout=60)
+        try:
+            self._wait_mounted(timeout=60)
+        except BaseException:
+            self.stop()  # no half-started worker or RAM-tier directory left behind
+            raise
 
     def _wait_mounted(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -33,13 +33,14 @@ def generate_image_tree(
     for i in range(files):
         cls = f"n{1440764 + i % classes:08d}"
         size = max(1, int(rng.lognormvariate(mu, sigma)))
+        data = rng.randbytes(size)  # drawn even when the file exists: the stream stays in step
         path = os.path.join(root, "train", cls, f"{cls}_{i:07d}.JPEG")
         total += size
         if os.path.exists(path) and os.path.getsize(path) == size:
             continue
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
-            f.write(rng.randbytes(size))
+            f.write(data)
     return total
 
 
