@@ -170,9 +170,6 @@ class Worker(WorkerAPI):
             self.registry.close()
 
     async def _serve(self, task_status) -> None:
-        from hypercorn.config import Config as HypercornConfig
-        from hypercorn.trio import serve as hypercorn_serve
-
         cfg = self.config
         prepare_mountpoint(cfg.mountpoint)
         mount_path = os.path.realpath(cfg.mountpoint)  # resolved before it becomes a FUSE mount
@@ -196,33 +193,13 @@ class Worker(WorkerAPI):
                 nursery.start_soon(self._run_fuse)
                 if os.path.exists(cfg.socket_path):
                     os.unlink(cfg.socket_path)  # left by a killed worker; we hold the lock
-                control = HypercornConfig()
-                control.bind = [f"unix:{cfg.socket_path}"]
-                control.accesslog = None
-                control.errorlog = logging.getLogger("cachefs.control")
-                control.graceful_timeout = 1.0
                 await nursery.start(
-                    partial(
-                        hypercorn_serve,
-                        create_control_app(self),
-                        control,
-                        shutdown_trigger=self._shutdown.wait,
-                    )
+                    self._serve_http, create_control_app(self), f"unix:{cfg.socket_path}", "control"
                 )
                 os.chmod(cfg.socket_path, 0o600)
                 if cfg.metrics_listen:
-                    metrics = HypercornConfig()
-                    metrics.bind = [cfg.metrics_listen]
-                    metrics.accesslog = None
-                    metrics.errorlog = logging.getLogger("cachefs.metrics")
-                    metrics.graceful_timeout = 1.0
                     await nursery.start(
-                        partial(
-                            hypercorn_serve,
-                            create_metrics_app(self),
-                            metrics,
-                            shutdown_trigger=self._shutdown.wait,
-                        )
+                        self._serve_http, create_metrics_app(self), cfg.metrics_listen, "metrics"
                     )
                 # The servers and FUSE loop above end on their own once shutdown is set
                 # (hypercorn finishes in-flight requests, e.g. the reply to /v1/shutdown); the
@@ -245,6 +222,20 @@ class Worker(WorkerAPI):
             fuse_ops.unmount()
             self.mounted = False
             log.info("unmounted %s", cfg.mountpoint)
+
+    async def _serve_http(self, app, bind: str, name: str, *, task_status) -> None:
+        """Serve an ASGI app with hypercorn until shutdown, finishing in-flight requests."""
+        from hypercorn.config import Config as HypercornConfig
+        from hypercorn.trio import serve as hypercorn_serve
+
+        config = HypercornConfig()
+        config.bind = [bind]
+        config.accesslog = None
+        config.errorlog = logging.getLogger(f"cachefs.{name}")
+        config.graceful_timeout = 1.0
+        await hypercorn_serve(
+            app, config, shutdown_trigger=self._shutdown.wait, task_status=task_status
+        )
 
     async def _run_fuse(self) -> None:
         try:

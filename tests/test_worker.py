@@ -46,3 +46,20 @@ def test_sigterm_unmounts_cleanly_and_keeps_state(tmp_path):
         assert worker.status()["reads"]["misses"] == 0  # served from the kept RAM tier
     finally:
         worker.cleanup()
+
+
+def test_metrics_are_served_over_tcp_for_prometheus(tmp_path):
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = WorkerProcess(str(tmp_path), extra_args=("--metrics", f"127.0.0.1:{port}")).start()
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert 'cachefs_tier_capacity_bytes{tier="ram"}' in text
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/status", timeout=10).status_code == 404
+    finally:
+        worker.cleanup()
