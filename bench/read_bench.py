@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import fcntl
 import hashlib
 import json
 import os
@@ -58,6 +57,7 @@ from bench.datagen import (
     upload_s3,
     write_local,
 )
+from cachefs.pidlock import LockHeld, take_pid_lock
 
 DATASET_NAME = "imagenet"
 BUCKET = "cachefs-read-bench"
@@ -959,20 +959,13 @@ def lock_workdir(workdir: str):
     worker state there), so a second one is refused with the holder's pid.
     """
     os.makedirs(workdir, exist_ok=True)
-    lock_file = open(os.path.join(workdir, "read_bench.lock"), "a+")  # noqa: SIM115 - held
     try:
-        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock_file.seek(0)
-        holder = lock_file.read().strip() or "?"
-        lock_file.close()
+        lock_file = take_pid_lock(os.path.join(workdir, "read_bench.lock"))
+    except LockHeld as held:
         raise BenchmarkFailure(
-            f"another read_bench (pid {holder}) is using --workdir {workdir}: wait for it to "
-            "finish or pass another --workdir"
+            f"another read_bench (pid {held.holder}) is using --workdir {workdir}: wait for it "
+            "to finish or pass another --workdir"
         ) from None
-    lock_file.truncate(0)
-    lock_file.write(str(os.getpid()))
-    lock_file.flush()
     return lock_file
 
 

@@ -9,7 +9,6 @@ flush the cache index (so the next start is warm).
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import secrets
@@ -35,6 +34,7 @@ from cachefs.fs.blocks import BlockReader, DataSource, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
 from cachefs.meta import BuildResult, Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics, counter, gauge, make_registry
+from cachefs.pidlock import LockHeld, take_pid_lock
 from cachefs.protocol import DatasetSpec
 from cachefs.registry import Registry
 from cachefs.store import StoreConfig, open_store
@@ -113,22 +113,13 @@ class Worker(WorkerAPI):
             lock_file.close()
 
     def _take_lock(self):
-        path = os.path.join(self.config.state_dir, "worker.lock")
-        lock_file = open(path, "a+")  # noqa: SIM115 - held for the worker's lifetime
         try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock_file.seek(0)
-            pid = lock_file.read().strip() or "?"
-            lock_file.close()
+            return take_pid_lock(os.path.join(self.config.state_dir, "worker.lock"))
+        except LockHeld as held:
             raise ConfigError(
-                f"another cachefs worker (pid {pid}) is using state directory "
+                f"another cachefs worker (pid {held.holder}) is using state directory "
                 f"{self.config.state_dir}; stop it with `cachefs down` or pass another --state"
             ) from None
-        lock_file.truncate(0)
-        lock_file.write(str(os.getpid()))
-        lock_file.flush()
-        return lock_file
 
     def _open_state(self) -> None:
         cfg = self.config

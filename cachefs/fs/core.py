@@ -173,9 +173,8 @@ class FileSystem:
 
     # --- files -------------------------------------------------------------------------------
 
-    def open(self, ino: int, flags: int) -> int:
-        if flags & _WRITE_FLAGS:
-            raise ReadOnly("cachefs is read-only")
+    def _file_entry(self, ino: int) -> tuple[MountedDataset, Entry]:
+        """The dataset and snapshot entry of a regular file, or the error the kernel should get."""
         if ino == MOUNT_ROOT:
             raise IsADirectory("the mount root is a directory")
         dataset = self._dataset_of(ino)
@@ -184,6 +183,12 @@ class FileSystem:
             raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
         if entry.is_dir:
             raise IsADirectory(f"{entry.name!r} is a directory")
+        return dataset, entry
+
+    def open(self, ino: int, flags: int) -> int:
+        if flags & _WRITE_FLAGS:
+            raise ReadOnly("cachefs is read-only")
+        dataset, entry = self._file_entry(ino)
         fh = self._next_fh
         self._next_fh += 1
         self._open[fh] = _OpenFile(dataset, FileVersion(entry.key, entry.etag, entry.size))
@@ -199,12 +204,7 @@ class FileSystem:
         """Read by inode, for FUSE's no-open mode (the kernel sends no OPEN, so there is no
         handle). The file's version is looked up per read: after a refresh the kernel's cached
         pages of changed inodes are invalidated, so old and new bytes are never mixed."""
-        dataset = self._dataset_of(ino)
-        entry = dataset.snapshot.getattr(ino & LOCAL_MASK)
-        if entry is None:
-            raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
-        if entry.is_dir:
-            raise IsADirectory(f"{entry.name!r} is a directory")
+        dataset, entry = self._file_entry(ino)
         version = FileVersion(entry.key, entry.etag, entry.size)
         return await self.reader.read(dataset.source, version, offset, size)
 
