@@ -5,8 +5,17 @@
     cachefs status | dataset ls | dataset refresh NAME | dataset rm NAME | down
     cachefs demo      # everything above on a generated dataset, no cloud account needed
 
-Every command but `up` talks to the running worker through its control socket, found from
---state / CACHEFS_STATE (default /var/lib/cachefs as root).
+A cluster: one coordinator, one worker per node; dataset, preload and locality commands then
+go to the coordinator (--coordinator URL or CACHEFS_COORDINATOR):
+
+    cachefs coordinator --listen 127.0.0.1:7700 --state /var/lib/cachefs
+    cachefs worker --coordinator http://127.0.0.1:7700 --node gpu1 --listen 127.0.0.2:7701 \
+                   --mount /mnt/cachefs --ram 8GiB --ssd /var/cache/cachefs:100GiB
+    cachefs preload imagenet --paths train/ --fraction 0.5 [--at 02:00] [--wait]
+    cachefs preload status imagenet | cachefs locality imagenet | cachefs nodes
+
+Without a coordinator, commands talk to the local worker through its control socket, found
+from --state / CACHEFS_STATE (default /var/lib/cachefs as root).
 """
 
 from __future__ import annotations
@@ -17,7 +26,15 @@ import logging
 import sys
 import time
 
-from cachefs.client import ControlClient, ControlError, WorkerNotRunning, default_state_dir
+from cachefs.client import (
+    ControlClient,
+    ControlError,
+    CoordinatorClient,
+    WorkerNotRunning,
+    coordinator_url,
+    default_state_dir,
+    find_token,
+)
 from cachefs.errors import CachefsError, ConfigError
 from cachefs.protocol import DEFAULT_BLOCK_SIZE
 from cachefs.units import format_size, parse_duration, parse_size
@@ -30,14 +47,12 @@ def _parse_ssd(text: str) -> tuple[str, int]:
     return path, parse_size(size)
 
 
-def cmd_up(args) -> int:
-    import trio
-
+def _worker_config(args, **cluster):
     from cachefs.fs.blocks import ReadLimits
-    from cachefs.worker import Worker, WorkerConfig
+    from cachefs.worker import WorkerConfig
 
     ssd_dir, ssd_capacity = _parse_ssd(args.ssd) if args.ssd else (None, 0)
-    config = WorkerConfig(
+    return WorkerConfig(
         state_dir=args.state,
         mountpoint=args.mount,
         ram_capacity=parse_size(args.ram),
@@ -57,7 +72,16 @@ def cmd_up(args) -> int:
         metrics_listen=None if args.metrics == "off" else args.metrics,
         limits=ReadLimits(store_threads=args.store_threads),
         **({"node": args.node} if args.node else {}),
+        **cluster,
     )
+
+
+def cmd_up(args) -> int:
+    import trio
+
+    from cachefs.worker import Worker
+
+    config = _worker_config(args)
     print(
         f"cachefs: serving {config.mountpoint} (state {config.state_dir}); "
         "Ctrl-C or `cachefs down` to stop",
@@ -65,6 +89,70 @@ def cmd_up(args) -> int:
     )
     trio.run(Worker(config).run)
     return 0
+
+
+def cmd_worker(args) -> int:
+    import trio
+
+    from cachefs.worker import Worker
+
+    url = _require_coordinator(args)
+    token = find_token(args.token_file, args.state)
+    if not token:
+        raise ConfigError(
+            "no API token: pass --token-file or set CACHEFS_TOKEN (the coordinator writes one "
+            "to <its state>/token)"
+        )
+    config = _worker_config(
+        args,
+        coordinator=url,
+        listen=args.listen,
+        token=token,
+        gpus=args.gpus,
+        heartbeat_interval_s=parse_duration(args.heartbeat_interval),
+        peer_timeout_s=parse_duration(args.peer_timeout),
+        preload_processes=args.preload_processes,
+    )
+    print(
+        f"cachefs: worker {config.node} serving {config.mountpoint}, peers on {config.listen}, "
+        f"following {url}",
+        file=sys.stderr,
+    )
+    trio.run(Worker(config).run)
+    return 0
+
+
+def cmd_coordinator(args) -> int:
+    import trio
+
+    from coordinator.server import CoordinatorConfig, serve
+
+    config = CoordinatorConfig(
+        listen=args.listen,
+        state_dir=args.state,
+        store=args.store,
+        token_file=args.token_file,
+        heartbeat_interval_s=parse_duration(args.heartbeat_interval),
+        down_after_s=parse_duration(args.down_after) if args.down_after else None,
+    )
+    print(f"cachefs: coordinator on http://{args.listen} (state {args.state})", file=sys.stderr)
+    trio.run(serve, config)
+    return 0
+
+
+def _require_coordinator(args) -> str:
+    url = coordinator_url(args.coordinator)
+    if not url:
+        raise ConfigError("no coordinator: pass --coordinator URL or set CACHEFS_COORDINATOR")
+    return url
+
+
+def _coordinator(args) -> CoordinatorClient | None:
+    """A client of the coordinator when one is configured; None in single-node mode."""
+    url = coordinator_url(args.coordinator)
+    if not url:
+        return None
+    return CoordinatorClient(url, find_token(args.token_file, args.state))
 
 
 def cmd_down(args) -> int:
@@ -126,6 +214,16 @@ def cmd_status(args) -> int:
 def _print_datasets(datasets: list[dict]) -> None:
     print("\nDATASET          FILES      SIZE        CACHED            SKIPPED  SOURCE")
     for ds in datasets:
+        if "copies" in ds:  # the coordinator's view of a dataset
+            cached = f"{format_size(ds['cached_bytes'])} {_fraction(ds['cached_fraction'])}"
+            copies = "; ".join(
+                f"copy {c['id']}: {','.join(c['nodes']) or '-'}" for c in ds["copies"]
+            )
+            print(
+                f"{ds['name']:<16} {ds['files']:>9} {format_size(ds['bytes']):>10}"
+                f"  {cached:<17} {'':>7}  {ds['uri']}  ({copies})"
+            )
+            continue
         if ds["state"] != "ready":
             print(f"{ds['name']:<16} ({ds['state']}: {ds.get('error')})  {ds['uri']}")
             continue
@@ -152,6 +250,12 @@ def cmd_dataset_add(args) -> int:
         "timeout_s": parse_duration(args.timeout),
         "refresh_interval_s": parse_duration(args.refresh_every) if args.refresh_every else None,
     }
+    cluster = _coordinator(args)
+    if cluster is not None:
+        with cluster:
+            result = cluster.add_dataset({k: v for k, v in spec.items() if v is not None})
+        _print_result(args, result, f"dataset {args.name!r} added; workers are mounting it")
+        return 0
     with ControlClient(args.state) as client:
         result = client.add_dataset(spec)
     _print_result(args, result, f"dataset {args.name!r} added")
@@ -159,8 +263,13 @@ def cmd_dataset_add(args) -> int:
 
 
 def cmd_dataset_ls(args) -> int:
-    with ControlClient(args.state) as client:
-        datasets = client.datasets()
+    cluster = _coordinator(args)
+    if cluster is not None:
+        with cluster:
+            datasets = cluster.datasets()
+    else:
+        with ControlClient(args.state) as client:
+            datasets = client.datasets()
     if args.json:
         print(json.dumps(datasets, indent=2))
     else:
@@ -169,6 +278,12 @@ def cmd_dataset_ls(args) -> int:
 
 
 def cmd_dataset_refresh(args) -> int:
+    cluster = _coordinator(args)
+    if cluster is not None:
+        with cluster:
+            result = cluster.refresh_dataset(args.name)
+        _print_result(args, result, f"dataset {args.name!r}: workers are re-listing the source")
+        return 0
     with ControlClient(args.state) as client:
         result = client.refresh_dataset(args.name)
     _print_result(
@@ -181,11 +296,190 @@ def cmd_dataset_refresh(args) -> int:
 
 
 def cmd_dataset_rm(args) -> int:
+    cluster = _coordinator(args)
+    if cluster is not None:
+        with cluster:
+            result = cluster.remove_dataset(args.name)
+        _print_result(args, result, f"dataset {args.name!r} removed; workers free its cache")
+        return 0
     with ControlClient(args.state) as client:
         result = client.remove_dataset(args.name, keep_cache=args.keep_cache)
     _print_result(
         args, result, f"dataset {args.name!r} removed, {format_size(result['freed_bytes'])} freed"
     )
+    return 0
+
+
+PRELOAD_VERBS = ("status", "resume", "cancel")
+
+
+def parse_at(text: str, now: float | None = None) -> float:
+    """--at: "HH:MM" (the next such local time), an ISO 8601 date-time, or unix seconds."""
+    import datetime as dt
+
+    now = time.time() if now is None else now
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        clock = dt.datetime.strptime(text, "%H:%M").time()
+    except ValueError:
+        try:
+            return dt.datetime.fromisoformat(text).timestamp()
+        except ValueError:
+            raise ConfigError(
+                f"--at wants HH:MM, an ISO date-time or unix seconds, got {text!r}"
+            ) from None
+    today = dt.datetime.fromtimestamp(now)
+    start = dt.datetime.combine(today.date(), clock)
+    if start.timestamp() <= now:
+        start += dt.timedelta(days=1)
+    return start.timestamp()
+
+
+def cmd_preload(args) -> int:
+    words = args.words
+    if len(words) == 2 and words[0] in PRELOAD_VERBS:
+        verb, dataset = words
+    elif len(words) == 1:
+        verb, dataset = "start", words[0]
+    else:
+        raise ConfigError(
+            "usage: cachefs preload DATASET [options] | "
+            "cachefs preload status|resume|cancel DATASET"
+        )
+    with CoordinatorClient(
+        _require_coordinator(args), find_token(args.token_file, args.state)
+    ) as client:
+        if verb == "start":
+            paths = [p for chunk in args.paths or [] for p in chunk.split(",") if p]
+            job = client.preload(
+                dataset,
+                paths=paths,
+                fraction=args.fraction,
+                nbytes=parse_size(args.bytes) if args.bytes else None,
+                at=parse_at(args.at) if args.at else None,
+            )
+            if not args.wait and not args.json:
+                print(f"preload {job['id']} {job['state']}: {_selection_text(job)}")
+        elif verb == "resume":
+            job = client.resume_preload(dataset)
+            if not args.wait and not args.json:
+                print(f"preload {job['id']} {job['state']}: {_selection_text(job)}")
+        elif verb == "cancel":
+            job = client.cancel_preload(dataset)
+        else:
+            job = client.preload_status(dataset)
+        if args.wait:
+            job = _wait_for_preload(client, dataset, json_output=args.json)
+        if args.json:
+            print(json.dumps(job, indent=2))
+        elif verb in ("status", "cancel") or args.wait:
+            _print_preload(job)
+    return 0 if job["state"] in ("completed", "running", "scheduled") else 1
+
+
+def _selection_text(job: dict) -> str:
+    sel = job["selection"]
+    what = ", ".join(sel["paths"]) or "everything"
+    if sel.get("fraction") is not None:
+        what += f", {100 * sel['fraction']:g}% of the bytes"
+    if sel.get("bytes") is not None:
+        what += f", {format_size(sel['bytes'])}"
+    if sel.get("at"):
+        what += f", from {time.strftime('%Y-%m-%d %H:%M', time.localtime(sel['at']))}"
+    return what
+
+
+def _progress_line(job: dict) -> str:
+    total, done = job["bytes"], job["bytes_done"]
+    fraction = done / total if total else (1.0 if job["planned"] else 0.0)
+    bar = "#" * int(30 * fraction) + "-" * (30 - int(30 * fraction))
+    eta = f"ETA {job['eta_s']:.0f}s" if job.get("eta_s") is not None else ""
+    planned = "" if job["planned"] else f" (planning {job['shards_reported']}/1024 shards)"
+    return (
+        f"[{bar}] {100 * fraction:5.1f}%  {job['objects_done']}/{job['objects']} objects  "
+        f"{format_size(done)}/{format_size(total)}  {format_size(int(job['rate_bytes_per_s']))}/s"
+        f"  {eta}  failed {job['failed_count']}{planned}"
+    )
+
+
+def _wait_for_preload(client: CoordinatorClient, dataset: str, *, json_output: bool) -> dict:
+    """Poll until the job is over, drawing a progress bar (a line every few seconds when the
+    output is not a terminal)."""
+    tty = sys.stderr.isatty()
+    last_line = 0.0
+    while True:
+        job = client.preload_status(dataset)
+        over = job["state"] not in ("running", "scheduled")
+        if not json_output:
+            if job["state"] == "scheduled":
+                at = time.localtime(job["selection"]["at"])
+                line = f"scheduled for {time.strftime('%Y-%m-%d %H:%M', at)}"
+            else:
+                line = _progress_line(job)
+            if tty:
+                print("\r" + line, end="\n" if over else "", file=sys.stderr, flush=True)
+            elif over or time.monotonic() - last_line > 5:
+                print(line, file=sys.stderr, flush=True)
+                last_line = time.monotonic()
+        if over:
+            return job
+        time.sleep(0.5)
+
+
+def _print_preload(job: dict) -> None:
+    print(f"preload {job['id']} of {job['dataset']}: {job['state']}  ({_selection_text(job)})")
+    print(f"  {_progress_line(job)}")
+    for failure in job["failed"]:
+        print(f"  failed: {failure['key']} on {failure['node']}: {failure['reason']}")
+    if job["failed_count"] > len(job["failed"]):
+        print(f"  … {job['failed_count'] - len(job['failed'])} more failed")
+
+
+def cmd_locality(args) -> int:
+    with CoordinatorClient(
+        _require_coordinator(args), find_token(args.token_file, args.state)
+    ) as client:
+        locality = client.locality(args.dataset)
+    if args.json:
+        print(json.dumps(locality, indent=2))
+        return 0
+    print(
+        f"{locality['dataset']}: {format_size(locality['cached_bytes'])} of "
+        f"{format_size(locality['bytes'])} cached ({_fraction(locality['fraction'])})"
+    )
+    print("NODE             STATE  CACHED        FRACTION  ADDRESS")
+    for row in locality["nodes"]:
+        print(
+            f"{row['node']:<16} {row['state']:<6} {format_size(row['cached_bytes']):>10}"
+            f"  {_fraction(row['fraction']):>9}  {row['address']}"
+        )
+    return 0
+
+
+def cmd_nodes(args) -> int:
+    with CoordinatorClient(
+        _require_coordinator(args), find_token(args.token_file, args.state)
+    ) as client:
+        nodes = [client.node(args.name)] if args.name else client.nodes()
+    if args.json:
+        print(json.dumps(nodes, indent=2))
+        return 0
+    for node in nodes:
+        used = sum(t["used"] for t in node["tiers"])
+        capacity = sum(t["capacity"] for t in node["tiers"])
+        print(
+            f"{node['node']:<16} {node['state']:<5} {node['address']:<22} "
+            f"cache {format_size(used)}/{format_size(capacity)}  "
+            f"heartbeat {node['last_heartbeat_s_ago']:.1f}s ago"
+        )
+        for held in node["datasets"]:
+            print(
+                f"  {held['dataset']:<16} {format_size(held['cached_bytes']):>10}"
+                f"  {_fraction(held['fraction'])}"
+            )
     return 0
 
 
@@ -219,10 +513,94 @@ def build_parser() -> argparse.ArgumentParser:
         default=default_state_dir(),
         help="state directory of the worker (default $CACHEFS_STATE or /var/lib/cachefs)",
     )
+    parser.add_argument(
+        "--coordinator",
+        help="coordinator URL (default $CACHEFS_COORDINATOR; none: single-node mode)",
+    )
+    parser.add_argument(
+        "--token-file",
+        help="API token file (default $CACHEFS_TOKEN, else <state>/token written by a coordinator)",
+    )
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run the worker and mount (foreground)")
+    _add_worker_options(up)
+    up.set_defaults(func=cmd_up)
+
+    worker = sub.add_parser("worker", help="run a cluster worker that follows a coordinator")
+    _add_worker_options(worker)
+    worker.add_argument("--listen", required=True, help="HOST:PORT of this node's peer server")
+    worker.add_argument("--gpus", type=int, default=8, help="GPUs of this node (for placement)")
+    worker.add_argument("--heartbeat-interval", default="2s")
+    worker.add_argument("--peer-timeout", default="2s", help="bound on one peer read")
+    worker.add_argument("--preload-processes", type=int, default=2, help="fetcher processes")
+    worker.set_defaults(func=cmd_worker)
+
+    coord = sub.add_parser("coordinator", help="run the coordinator (foreground)")
+    coord.add_argument("--listen", default="127.0.0.1:7700", help="HOST:PORT")
+    coord.add_argument(
+        "--store", help="state store: etcd://HOST:PORT[,…] (default: LMDB in --state)"
+    )
+    coord.add_argument("--heartbeat-interval", default="2s")
+    coord.add_argument("--down-after", help="mark a node down after this long without heartbeats")
+    coord.set_defaults(func=cmd_coordinator)
+
+    preload = sub.add_parser(
+        "preload",
+        help="preload a dataset (or: preload status|resume|cancel DATASET)",
+    )
+    preload.add_argument("words", nargs="+", metavar="DATASET")
+    preload.add_argument("--paths", action="append", help="path prefixes, comma-separated")
+    size = preload.add_mutually_exclusive_group()
+    size.add_argument("--fraction", type=float, help="share of the bytes, 0-1")
+    size.add_argument("--bytes", help="byte budget, e.g. 500GiB")
+    preload.add_argument("--at", help="start at HH:MM, an ISO date-time or unix seconds")
+    preload.add_argument("--wait", action="store_true", help="show progress until it ends")
+    preload.add_argument("--json", action="store_true")
+    preload.set_defaults(func=cmd_preload)
+
+    locality = sub.add_parser("locality", help="which nodes hold a dataset, how much")
+    locality.add_argument("dataset")
+    locality.add_argument("--json", action="store_true")
+    locality.set_defaults(func=cmd_locality)
+
+    nodes = sub.add_parser("nodes", help="nodes, their state and the datasets they hold")
+    nodes.add_argument("name", nargs="?")
+    nodes.add_argument("--json", action="store_true")
+    nodes.set_defaults(func=cmd_nodes)
+    _add_other_commands(sub)
+    _accept_global_options_anywhere(parser)
+    return parser
+
+
+GLOBAL_OPTIONS = ("--state", "--coordinator", "--token-file", "--log-level")
+
+
+def _accept_global_options_anywhere(parser: argparse.ArgumentParser) -> None:
+    """Let `cachefs worker --coordinator URL …` and `cachefs coordinator --state DIR` work as
+    well as `cachefs --state DIR coordinator`: every subcommand also accepts the global
+    options, and a value given after the subcommand wins."""
+    globals_ = [
+        a for a in parser._actions if a.option_strings and a.option_strings[0] in GLOBAL_OPTIONS
+    ]
+    pending = [parser]
+    while pending:
+        for action in pending.pop()._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                continue
+            for subparser in action.choices.values():
+                known = {o for a in subparser._actions for o in a.option_strings}
+                for option in globals_:
+                    if option.option_strings[0] not in known:
+                        subparser.add_argument(
+                            *option.option_strings, dest=option.dest, help=option.help,
+                            default=argparse.SUPPRESS,
+                        )  # fmt: skip
+                pending.append(subparser)
+
+
+def _add_worker_options(up: argparse.ArgumentParser) -> None:
     up.add_argument("--mount", default="/mnt/cachefs", help="mountpoint (default /mnt/cachefs)")
     up.add_argument("--ram", default="2GiB", help="RAM tier capacity (default 2GiB)")
     up.add_argument("--ram-dir", help="RAM tier directory on tmpfs (default /dev/shm/cachefs-*)")
@@ -246,8 +624,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--metrics", default="127.0.0.1:9464", help="HOST:PORT for /metrics, or off")
     up.add_argument("--node", help="node name (default: hostname)")
-    up.set_defaults(func=cmd_up)
 
+
+def _add_other_commands(sub) -> None:
     down = sub.add_parser("down", help="stop the worker and unmount (cache kept)")
     down.add_argument("--timeout", type=float, default=30.0)
     down.set_defaults(func=cmd_down)
@@ -295,7 +674,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--files", type=int, default=2000)
     demo.add_argument("--keep", action="store_true", help="leave the worker running")
     demo.set_defaults(func=cmd_demo)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

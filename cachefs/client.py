@@ -113,3 +113,130 @@ class ControlClient:
 
     def metrics(self) -> str:
         return self._request("GET", "/metrics")
+
+
+# --- the coordinator -----------------------------------------------------------------------------
+
+DEFAULT_COORDINATOR = "http://127.0.0.1:7700"
+
+
+class CoordinatorUnavailable(CachefsError):
+    pass
+
+
+def coordinator_url(explicit: str | None = None) -> str | None:
+    """``--coordinator``, else ``$CACHEFS_COORDINATOR``, else None (single-node mode)."""
+    url = explicit or os.environ.get("CACHEFS_COORDINATOR") or None
+    return url.rstrip("/") if url else None
+
+
+def find_token(token_file: str | None = None, state_dir: str | None = None) -> str | None:
+    """The API token: ``--token-file``, else ``$CACHEFS_TOKEN``, else the ``token`` file a
+    coordinator generated in the state directory on this machine (None if there is none)."""
+    if token_file:
+        try:
+            with open(token_file) as f:
+                return f.read().strip() or None
+        except OSError as exc:
+            raise CachefsError(f"cannot read the token file {token_file}: {exc.strerror}") from None
+    if os.environ.get("CACHEFS_TOKEN"):
+        return os.environ["CACHEFS_TOKEN"].strip()
+    path = os.path.join(state_dir or default_state_dir(), "token")
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+class CoordinatorClient:
+    """Client of the coordinator's HTTP API (blocking). Errors: :class:`CoordinatorUnavailable`
+    when it cannot be reached, :class:`ControlError` (with ``.status``) when it refuses."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise CoordinatorUnavailable(
+                f"cannot reach the cachefs coordinator at {self.url} ({type(exc).__name__}); "
+                "is it running? (--coordinator / CACHEFS_COORDINATOR)"
+            ) from exc
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail")
+                message = detail if isinstance(detail, str) else str(detail)
+                kind = response.json().get("kind", "")
+            except (ValueError, AttributeError):
+                message, kind = response.text, ""
+            if response.status_code == 401:
+                message += " (pass --token-file or set CACHEFS_TOKEN)"
+            raise ControlError(message, status=response.status_code, kind=kind)
+        return response.json()
+
+    def health(self) -> dict:
+        return self._request("GET", "/healthz")
+
+    def datasets(self) -> list[dict]:
+        return self._request("GET", "/v1/datasets")
+
+    def dataset(self, name: str) -> dict:
+        return self._request("GET", f"/v1/datasets/{name}")
+
+    def add_dataset(self, spec: dict) -> dict:
+        return self._request("POST", "/v1/datasets", json=spec)
+
+    def remove_dataset(self, name: str) -> dict:
+        return self._request("DELETE", f"/v1/datasets/{name}")
+
+    def refresh_dataset(self, name: str) -> dict:
+        return self._request("POST", f"/v1/datasets/{name}/refresh")
+
+    def locality(self, dataset: str) -> dict:
+        return self._request("GET", f"/v1/datasets/{dataset}/locality")
+
+    def locality_document(self) -> dict:
+        return self._request("GET", "/v1/locality")
+
+    def nodes(self) -> list[dict]:
+        return self._request("GET", "/v1/nodes")
+
+    def node(self, name: str) -> dict:
+        return self._request("GET", f"/v1/nodes/{name}")
+
+    def preload(
+        self,
+        dataset: str,
+        *,
+        paths: list[str] | None = None,
+        fraction: float | None = None,
+        nbytes: int | None = None,
+        at: float | None = None,
+    ) -> dict:
+        body = {"paths": paths or [], "fraction": fraction, "bytes": nbytes, "at": at}
+        return self._request("POST", f"/v1/datasets/{dataset}/preload", json=body)
+
+    def preload_status(self, dataset: str) -> dict:
+        return self._request("GET", f"/v1/datasets/{dataset}/preload")
+
+    def resume_preload(self, dataset: str) -> dict:
+        return self._request("POST", f"/v1/datasets/{dataset}/preload/resume")
+
+    def cancel_preload(self, dataset: str) -> dict:
+        return self._request("POST", f"/v1/datasets/{dataset}/preload/cancel")
+
+    def heartbeat(self, node: str, report: dict) -> dict:
+        return self._request("POST", f"/v1/nodes/{node}/heartbeat", json=report)

@@ -68,12 +68,17 @@ class WorkerMetrics:
         # read path, counted per block request
         self.hits = {"ram": 0, "ssd": 0, "recent": 0}
         self.misses = 0
-        self.bytes_served = {"ram": 0, "ssd": 0, "recent": 0, "store": 0}
+        self.bytes_served = {"ram": 0, "ssd": 0, "recent": 0, "peer": 0, "store": 0}
         self.fetch_coalesced = 0
         # object store
         self.store_requests: dict[tuple[str, str], int] = {}  # (op, outcome) -> count
         self.store_latency = LabeledHistograms()  # op -> seconds (including retries)
         self.store_bytes = 0
+        # peers: blocks this node asked other nodes for, by outcome ("ok", "failed" — then the
+        # store was read instead —, "cooling", "refused"), and blocks it served to them
+        self.peer_requests: dict[str, int] = {}
+        self.peer_served = 0
+        self.peer_serve_errors = 0
         # FUSE
         self.fuse_latency = LabeledHistograms()  # op -> seconds
         self.fuse_errors: dict[str, int] = {}  # errno name -> count
@@ -82,6 +87,9 @@ class WorkerMetrics:
         key = (op, outcome)
         self.store_requests[key] = self.store_requests.get(key, 0) + 1
         self.store_latency.get(op).observe(seconds)
+
+    def peer_request(self, outcome: str) -> None:
+        self.peer_requests[outcome] = self.peer_requests.get(outcome, 0) + 1
 
     def hit_ratio(self) -> float | None:
         """Share of block reads served by a cache tier. Reads served from the small
@@ -127,6 +135,15 @@ class _WorkerCollector(Collector):
         yield requests
         yield CounterMetricFamily(
             "cachefs_store_bytes", "Bytes fetched from the object store", value=m.store_bytes
+        )
+        peers = CounterMetricFamily(
+            "cachefs_peer_requests", "Block reads asked of other nodes", labels=["outcome"]
+        )
+        for outcome, n in sorted(m.peer_requests.items()):
+            peers.add_metric([outcome], n)
+        yield peers
+        yield CounterMetricFamily(
+            "cachefs_peer_blocks_served", "Blocks served to other nodes", value=m.peer_served
         )
         yield _histogram_family(
             "cachefs_store_request_seconds", "Object-store request latency", "op", m.store_latency

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field, fields
 
+import xxhash
+
 from cachefs.errors import ConfigError
 
 DEFAULT_BLOCK_SIZE = 4 << 20
@@ -62,3 +64,26 @@ class DatasetSpec:
         if not isinstance(spec.timeout_s, int | float) or not 0 < spec.timeout_s <= 600:
             raise ConfigError("timeout_s must be in (0, 600] seconds")
         return spec
+
+
+# --- the distributed cache: shards and their owners ----------------------------------------------
+
+SHARDS = 1024  # per dataset; the unit of placement and locality (DESIGN.md "Data model")
+
+
+def shard_owner(dataset: str, shard: int, nodes: list[str] | tuple[str, ...]) -> str | None:
+    """The node owning ``shard`` of ``dataset`` among ``nodes`` (rendezvous hashing), or None.
+
+    Every node scores ``xxh3_64(dataset, shard, node)`` and the highest wins, so removing a
+    node re-owns only the shards it owned, and adding one takes only the shards it now wins.
+    The coordinator and every worker compute this the same way from the same node list.
+    """
+    if not nodes:
+        return None
+    prefix = f"{dataset}\0{shard}\0".encode()
+    return max(nodes, key=lambda node: (xxhash.xxh3_64_intdigest(prefix + node.encode()), node))
+
+
+def owner_table(dataset: str, nodes: list[str] | tuple[str, ...]) -> list[str | None]:
+    """``shard_owner`` for every shard of ``dataset`` (index = shard)."""
+    return [shard_owner(dataset, shard, nodes) for shard in range(SHARDS)]

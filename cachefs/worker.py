@@ -27,13 +27,21 @@ import xxhash
 from cachefs import __version__
 from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.cache.base import BlockKey, source_id_of
+from cachefs.client import CoordinatorClient
+from cachefs.cluster.agent import ClusterAgent
+from cachefs.cluster.fetchers import FetcherPool
+from cachefs.cluster.membership import Membership
+from cachefs.cluster.preload import Preloader
 from cachefs.control import WorkerAPI, create_control_app, create_metrics_app
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound, PathNotFound
 from cachefs.fs import fuse_ops
-from cachefs.fs.blocks import BlockReader, DataSource, ReadLimits
+from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
 from cachefs.meta import BuildResult, Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics, counter, gauge, make_registry
+from cachefs.peer.base import BlockRequest
+from cachefs.peer.client import PeerClient
+from cachefs.peer.server import create_peer_app
 from cachefs.pidlock import LockHeld, take_pid_lock
 from cachefs.protocol import DatasetSpec
 from cachefs.registry import Registry
@@ -73,6 +81,15 @@ class WorkerConfig:
     readahead_kib: int = 1024
     node: str = field(default_factory=socket.gethostname)
     limits: ReadLimits = field(default_factory=ReadLimits)
+    # Cluster mode (`cachefs worker`): follow a coordinator, serve and read peers' blocks.
+    coordinator: str | None = None  # URL; None = single node (`cachefs up`)
+    listen: str | None = None  # HOST:PORT of the peer block server
+    token: str | None = None  # bearer token of the coordinator and the peer endpoints
+    gpus: int = 8  # reported to the coordinator for job placement
+    heartbeat_interval_s: float = 2.0
+    peer_timeout_s: float = 2.0  # a dead or stalled peer costs at most this, then the store
+    preload_processes: int = 2  # fetcher processes for preload (0: fetch in threads)
+    preload_concurrency: int = 16  # blocks in flight per node during a preload
 
     @property
     def socket_path(self) -> str:
@@ -96,6 +113,12 @@ class Worker(WorkerAPI):
         self.cache: TieredBlockCache | None = None
         self.registry: Registry | None = None
         self.fs: FileSystem | None = None
+        self.membership: Membership | None = None
+        self.peers: PeerClient | None = None
+        self.agent: ClusterAgent | None = None
+        self.preloader: Preloader | None = None
+        self._fetchers: FetcherPool | None = None
+        self._refresh_epochs: dict[str, int] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -140,6 +163,10 @@ class Worker(WorkerAPI):
             promote=cfg.promote,
         )
         self.registry = Registry(os.path.join(cfg.state_dir, "registry"))
+        if cfg.coordinator:
+            if not cfg.listen or not cfg.token:
+                raise ConfigError("a worker that follows a coordinator needs --listen and a token")
+            self.membership = Membership(cfg.node)
         self.fs = FileSystem(BlockReader(self.cache, self.metrics, cfg.limits))
         os.makedirs(self._snapshot_root, exist_ok=True)
         for spec in self.registry.list():
@@ -151,6 +178,8 @@ class Worker(WorkerAPI):
         self._remove_orphan_snapshots()
 
     def _close_state(self) -> None:
+        if self._fetchers is not None:
+            self._fetchers.close()
         if self.fs is not None:
             for dataset in self.fs.datasets():
                 dataset.snapshot.close()
@@ -201,18 +230,67 @@ class Worker(WorkerAPI):
                     # proves that happened, so our setting is not overwritten.
                     await trio.to_thread.run_sync(os.stat, mount_path)
                     set_readahead(mount_path, cfg.readahead_kib)
+                if cfg.coordinator:
+                    await self._start_cluster(nursery)
                 async with trio.open_nursery() as background:
                     background.start_soon(self._housekeeping)
                     background.start_soon(self._watch_signals)
+                    if self.agent is not None:
+                        await background.start(self.preloader.run)
+                        await background.start(self.agent.run)
                     task_status.started()
                     await self._shutdown.wait()
                     fuse_ops.terminate()
                     background.cancel_scope.cancel()
                 nursery.cancel_scope.deadline = trio.current_time() + 10  # never hang on exit
         finally:
+            if self.peers is not None:
+                with trio.CancelScope(shield=True):
+                    await self.peers.aclose()
             fuse_ops.unmount()
             self.mounted = False
             log.info("unmounted %s", cfg.mountpoint)
+
+    async def _start_cluster(self, nursery: trio.Nursery) -> None:
+        """Cluster mode: the peer block server, the peer client the read path uses, the
+        preloader and the heartbeat agent (started by the caller)."""
+        cfg = self.config
+        self.peers = PeerClient(cfg.token, timeout_s=cfg.peer_timeout_s)
+        self.fs.reader.peers = self.peers
+        self.fs.reader.route = self.membership
+        await nursery.start(
+            self._serve_http, create_peer_app(self._serve_peer_block, cfg.token), cfg.listen, "peer"
+        )
+        self._fetchers = FetcherPool(cfg.preload_processes)
+        self.preloader = Preloader(
+            self, self.cache, self.membership, self._fetchers, concurrency=cfg.preload_concurrency
+        )
+        self.agent = ClusterAgent(
+            self,
+            CoordinatorClient(cfg.coordinator, cfg.token, timeout=10.0),
+            cfg.node,
+            self.membership,
+            self.preloader,
+            state_dir=cfg.state_dir,
+            interval_s=cfg.heartbeat_interval_s,
+        )
+
+    async def _serve_peer_block(self, request: BlockRequest) -> bytes:
+        """A block another node asked this node, the shard's owner, for. The file must be the
+        one our snapshot serves (same etag and size): otherwise LookupError → 404, and the
+        asker reads the store itself."""
+        dataset = self.fs.dataset(request.dataset)
+        if dataset is None or dataset.source.block_size != request.block_size:
+            raise LookupError(request.dataset)
+        entry = dataset.snapshot.resolve(request.key)
+        if (
+            entry is None
+            or entry.is_dir
+            or (entry.etag, entry.size) != (request.etag, request.size)
+        ):
+            raise LookupError(request.key)
+        version = FileVersion(entry.key, entry.etag, entry.size)
+        return await self.fs.reader.read_owned_block(dataset.source, version, request.index)
 
     async def _serve_http(self, app, bind: str, name: str, *, task_status) -> None:
         """Serve an ASGI app with hypercorn until shutdown, finishing in-flight requests."""
@@ -255,7 +333,7 @@ class Worker(WorkerAPI):
                 ):
                     self._last_refresh[spec.name] = now
                     try:
-                        await self.refresh_dataset(spec.name)
+                        await self._refresh_dataset(spec.name)
                     except CachefsError as exc:
                         log.error("scheduled refresh of %r failed: %s", spec.name, exc)
 
@@ -280,21 +358,23 @@ class Worker(WorkerAPI):
     def _lock_for(self, name: str) -> trio.Lock:
         return self._dataset_locks.setdefault(name, trio.Lock())
 
-    def _open_source(self, spec: DatasetSpec) -> DataSource:
-        store = open_store(
-            StoreConfig(
-                uri=spec.uri,
-                endpoint=spec.endpoint,
-                region=spec.region,
-                path_style=spec.path_style,
-                profile=spec.profile,
-                credentials_file=spec.credentials_file,
-                connect_timeout_s=min(5.0, spec.timeout_s),
-                read_timeout_s=spec.timeout_s,
-                retry=RetryPolicy(deadline_s=2 * spec.timeout_s),
-                dataset=spec.name,
-            )
+    @staticmethod
+    def _store_config(spec: DatasetSpec) -> StoreConfig:
+        return StoreConfig(
+            uri=spec.uri,
+            endpoint=spec.endpoint,
+            region=spec.region,
+            path_style=spec.path_style,
+            profile=spec.profile,
+            credentials_file=spec.credentials_file,
+            connect_timeout_s=min(5.0, spec.timeout_s),
+            read_timeout_s=spec.timeout_s,
+            retry=RetryPolicy(deadline_s=2 * spec.timeout_s),
+            dataset=spec.name,
         )
+
+    def _open_source(self, spec: DatasetSpec) -> DataSource:
+        store = open_store(self._store_config(spec))
         return DataSource(spec.name, store, source_id_of(spec.uri, spec.endpoint), spec.block_size)
 
     def _mount_existing(self, spec: DatasetSpec) -> None:
@@ -326,7 +406,18 @@ class Worker(WorkerAPI):
         self.metrics.store_request("list", "ok", time.perf_counter() - began)
         return dirname, result
 
+    def _refuse_in_cluster(self) -> None:
+        if self.config.coordinator:
+            raise ConfigError(
+                f"this worker follows the coordinator at {self.config.coordinator}: manage "
+                "datasets there (cachefs --coordinator URL dataset …)"
+            )
+
     async def add_dataset(self, spec: DatasetSpec) -> dict[str, Any]:
+        self._refuse_in_cluster()
+        return await self._add_dataset(spec)
+
+    async def _add_dataset(self, spec: DatasetSpec) -> dict[str, Any]:
         async with self._lock_for(spec.name):
             if self.fs.dataset(spec.name) is not None:
                 raise DatasetExists(f"dataset {spec.name!r} already exists")
@@ -360,6 +451,10 @@ class Worker(WorkerAPI):
             return self._dataset_status(spec)
 
     async def remove_dataset(self, name: str, *, keep_cache: bool) -> dict[str, Any]:
+        self._refuse_in_cluster()
+        return await self._remove_dataset(name, keep_cache=keep_cache)
+
+    async def _remove_dataset(self, name: str, *, keep_cache: bool) -> dict[str, Any]:
         async with self._lock_for(name):
             spec = self.registry.get(name)
             dataset = self.fs.remove_dataset(name)
@@ -378,6 +473,10 @@ class Worker(WorkerAPI):
             return {"name": name, "removed": True, "freed_bytes": freed}
 
     async def refresh_dataset(self, name: str) -> dict[str, Any]:
+        self._refuse_in_cluster()
+        return await self._refresh_dataset(name)
+
+    async def _refresh_dataset(self, name: str) -> dict[str, Any]:
         async with self._lock_for(name):
             spec = self.registry.get(name)
             dataset = self.fs.dataset(name)
@@ -434,6 +533,63 @@ class Worker(WorkerAPI):
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # not cached: nothing to forget
                 log.warning("kernel cache invalidation failed: %s", exc)
+
+    # --- cluster mode: what the agent and the preloader call --------------------------------
+
+    def served_datasets(self) -> dict[str, int]:
+        return {
+            spec.name: spec.extra.get("refresh_epoch", 0)
+            for spec in self.registry.list()
+            if self.fs.dataset(spec.name) is not None
+        }
+
+    async def add_followed_dataset(self, spec: DatasetSpec, refresh_epoch: int) -> None:
+        if spec.name in {s.name for s in self.registry.list()}:  # registered, failed to open
+            await self._remove_dataset(spec.name, keep_cache=True)
+        spec.extra["refresh_epoch"] = refresh_epoch
+        await self._add_dataset(spec)
+
+    async def remove_followed_dataset(self, name: str) -> None:
+        await self._remove_dataset(name, keep_cache=False)
+
+    async def refresh_followed_dataset(self, name: str, refresh_epoch: int) -> None:
+        await self._refresh_dataset(name)
+        spec = self.registry.get(name)
+        spec.extra["refresh_epoch"] = refresh_epoch
+        await self._blocking(self.registry.update, spec)
+
+    def cluster_report(self) -> dict[str, Any]:
+        """This node's heartbeat: peer address, tiers, and per dataset its size and the bytes
+        cached here, in total and per shard (the coordinator's locality data)."""
+        datasets = {}
+        for dataset in self.fs.datasets():
+            stats = dataset.snapshot.stats
+            source_id = dataset.source.source_id
+            datasets[dataset.name] = {
+                "bytes": stats.bytes,
+                "files": stats.files,
+                "cached_bytes": self.cache.cached_bytes(source_id),
+                "shards": {
+                    str(shard): nbytes
+                    for shard, nbytes in self.cache.cached_bytes_by_shard(source_id).items()
+                },
+            }
+        return {
+            "address": self.config.listen,
+            "gpus": self.config.gpus,
+            "tiers": [
+                {"name": u.name, "capacity": u.capacity, "used": u.used} for u in self.cache.usage()
+            ],
+            "datasets": datasets,
+        }
+
+    def preload_source(self, dataset: str):
+        mounted = self.fs.dataset(dataset)
+        if mounted is None:
+            return None
+        spec = self.registry.get(dataset)
+        source = mounted.source
+        return mounted.snapshot, self._store_config(spec), source.source_id, source.block_size
 
     # --- read-side API -----------------------------------------------------------------------
 
@@ -495,9 +651,30 @@ class Worker(WorkerAPI):
                 "requests": {f"{op}:{outcome}": n for (op, outcome), n in m.store_requests.items()},
                 "bytes": m.store_bytes,
             },
+            "peers": {
+                "requests": dict(m.peer_requests),
+                "blocks_served": m.peer_served,
+            },
+            "cluster": self._cluster_status(),
             "open_files": self.fs.open_handles(),
             "datasets": self.list_datasets(),
             "rss_bytes": rss_bytes(),
+        }
+
+    def _cluster_status(self) -> dict[str, Any] | None:
+        if self.agent is None:
+            return None
+        return {
+            "coordinator": self.config.coordinator,
+            "listen": self.config.listen,
+            "connected": self.agent.connected,
+            "error": self.agent.last_error,
+            "preload": {
+                "jobs": sorted(self.preloader.reports()),
+                "fetched_blocks": self.preloader.fetched_blocks,
+                "fetched_bytes": self.preloader.fetched_bytes,
+                "failures": self.preloader.fetch_failures,
+            },
         }
 
     def resolve(self, dataset: str, path: str) -> dict[str, Any]:

@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# etcd-server: the tests run their own etcd on free ports (tests/fakes/etcd.py); a system etcd
+# service that apt may start is not used.
 need_apt=()
-for pkg in fuse3 libfuse3-dev pkg-config; do
+for pkg in fuse3 libfuse3-dev pkg-config etcd-server iptables; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then

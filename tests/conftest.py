@@ -9,6 +9,10 @@
   503s, resets, delays or a dead store.
 - ``oss_server`` (function): a started :class:`~tests.fakes.oss_server.FakeOSSServer`;
   ``.endpoint``, ``.put(bucket, key, data)``, ``.env`` (OSS_ACCESS_KEY_ID/SECRET).
+- ``etcd`` (session): a one-member etcd 3.4 (:class:`~tests.fakes.etcd.EtcdServer`, Debian's
+  ``/usr/bin/etcd``) on free ports; ``.endpoint`` (``http://127.0.0.1:port``), ``.location``
+  (``etcd://127.0.0.1:port``), ``.kill()``/``.restart()`` (same data). Shared: give each test
+  its own key prefix.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.fakes.etcd import ETCD_BINARY, EtcdServer
 from tests.fakes.fault_proxy import FaultProxy
 from tests.fakes.moto import MotoServer
 from tests.fakes.oss_server import FakeOSSServer
@@ -51,4 +56,12 @@ def fault_proxy(moto_s3: MotoServer) -> Iterator[FaultProxy]:
 @pytest.fixture
 def oss_server() -> Iterator[FakeOSSServer]:
     with FakeOSSServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def etcd() -> Iterator[EtcdServer]:
+    if not os.path.exists(ETCD_BINARY):
+        pytest.fail(f"{ETCD_BINARY} is missing (Debian's etcd-server): run scripts/setup.sh")
+    with EtcdServer() as server:
         yield server

@@ -20,7 +20,8 @@ from typing import Protocol
 
 import xxhash
 
-SHARDS = 1024
+from cachefs.protocol import SHARDS
+
 KEY_LEN = 26
 
 
@@ -33,8 +34,13 @@ def _key_bytes(object_key: str) -> bytes:
     return object_key.encode("utf-8", "surrogateescape")
 
 
+def key_hash_of(object_key: str) -> int:
+    """xxh3_64 of an object key: its shard is this modulo SHARDS."""
+    return xxhash.xxh3_64_intdigest(_key_bytes(object_key))
+
+
 def shard_of(object_key: str) -> int:
-    return xxhash.xxh3_64_intdigest(_key_bytes(object_key)) % SHARDS
+    return key_hash_of(object_key) % SHARDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +136,10 @@ class BlockCache(Protocol):
 
     def cached_bytes(self, source_id: int) -> int:
         """Bytes of one source currently cached (all tiers)."""
+        ...
+
+    def cached_bytes_by_shard(self, source_id: int) -> dict[int, int]:
+        """Bytes of one source cached, per shard that has any (what heartbeats report)."""
         ...
 
     def close(self) -> None:

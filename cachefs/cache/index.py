@@ -99,6 +99,7 @@ class TotalsDelta:
 
     tiers: dict[int, list[int]] = field(default_factory=dict)  # id → [bytes, reserved, blocks]
     sources: dict[int, int] = field(default_factory=dict)  # source id → bytes
+    shards: dict[bytes, int] = field(default_factory=dict)  # source id | shard (10 bytes) → bytes
 
     def record(self, raw: bytes, entry: Entry, sign: int) -> None:
         tier = self.tiers.setdefault(entry.tier_id, [0, 0, 0])
@@ -107,6 +108,8 @@ class TotalsDelta:
         tier[2] += sign
         source_id = int.from_bytes(raw[:8], "big")
         self.sources[source_id] = self.sources.get(source_id, 0) + sign * entry.size
+        shard_prefix = raw[:10]
+        self.shards[shard_prefix] = self.shards.get(shard_prefix, 0) + sign * entry.size
 
 
 class IndexWriter:
@@ -350,6 +353,15 @@ class BlockIndex:
             for key, value in _scan_prefix(txn.cursor(), _META_SOURCE_BYTES):
                 source_id = int.from_bytes(key[len(_META_SOURCE_BYTES) :], "big")
                 totals[source_id] = _U64.unpack(value)[0]
+        return totals
+
+    def shard_bytes(self) -> dict[bytes, int]:
+        """Bytes per (source id | shard) prefix, from one scan of the entries (at open only:
+        later changes arrive as ``TotalsDelta.shards``)."""
+        totals: dict[bytes, int] = {}
+        with self._env.begin(db=self.blocks_db) as txn:
+            for raw, value in txn.cursor():
+                totals[raw[:10]] = totals.get(raw[:10], 0) + Entry.unpack(value).size
         return totals
 
     def clock(self) -> int:

@@ -173,6 +173,7 @@ class TieredBlockCache:
         for tier in self._tiers:
             tier.used, tier.reserved_used, tier.blocks = self._index.tier_totals(tier.tier_id)
         self._source_bytes = self._index.source_bytes()
+        self._shard_bytes = self._index.shard_bytes()
 
     # --- hot path: called inline on the trio loop -----------------------------------------------
 
@@ -511,6 +512,12 @@ class TieredBlockCache:
                 self._source_bytes[source_id] = total
             else:
                 self._source_bytes.pop(source_id, None)
+        for shard_prefix, nbytes in delta.shards.items():
+            total = self._shard_bytes.get(shard_prefix, 0) + nbytes
+            if total:
+                self._shard_bytes[shard_prefix] = total
+            else:
+                self._shard_bytes.pop(shard_prefix, None)
 
     def _write_stamps(self, writer: IndexWriter) -> None:
         """Write the access stamps recorded by reads since the last batch."""
@@ -577,6 +584,16 @@ class TieredBlockCache:
     def cached_bytes(self, source_id: int) -> int:
         with self._lock:
             return self._source_bytes.get(source_id, 0)
+
+    def cached_bytes_by_shard(self, source_id: int) -> dict[int, int]:
+        """Bytes of one source cached here, per shard (shards with none are left out)."""
+        prefix = source_id.to_bytes(8, "big")
+        with self._lock:
+            return {
+                int.from_bytes(key[8:10], "big"): nbytes
+                for key, nbytes in self._shard_bytes.items()
+                if key[:8] == prefix
+            }
 
     def flush(self) -> None:
         """Write pending access stamps and sync the index to disk (call periodically)."""

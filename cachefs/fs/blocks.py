@@ -2,13 +2,18 @@
 
 This is the heart of the read path (DESIGN.md "Read path"):
 
-    read(file, offset, size) → blocks → RAM tier → SSD tier → [peer — later] → object store
+    read(file, offset, size) → blocks → RAM tier → SSD tier → the shard's owner (peer)
+                                 → object store (admitted here only when this node is the owner)
 
 * RAM-tier blocks are read inline on the trio loop: a pread from tmpfs costs microseconds, less
   than a thread hop.
 * SSD-tier reads, store GETs and admissions run in worker threads, each kind behind its own
   CapacityLimiter so a slow store cannot starve disk reads and vice versa.
 * Concurrent misses on one block share a single fetch ("single flight").
+* In a cluster, a block whose shard another node owns is read from that node and not kept
+  here ("passive caching off": one cached copy per block per copy of the dataset). A peer that
+  fails costs one bounded timeout (then a cool-down skips it): the block is read from the store
+  instead, also without admitting it — its owner will cache it.
 * A small in-memory set of recently fetched blocks serves the rest of a block to sequential
   readers when the block could not be admitted (avoid-eviction with full tiers): without it, a
   4 MiB block read through in 128 KiB FUSE requests would be fetched 32 times.
@@ -16,17 +21,23 @@ This is the heart of the read path (DESIGN.md "Read path"):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 import trio
 
 from cachefs.cache.base import BlockCache, BlockKey
 from cachefs.errors import CachefsError, StoreError, StoreIOError
 from cachefs.metrics import WorkerMetrics
+from cachefs.peer.base import BlockRequest, PeerError, PeerRefused, PeerUnavailable
+from cachefs.peer.client import PeerClient
 from cachefs.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +62,13 @@ class FileVersion:
 class _Flight:
     """One in-progress fetch that other readers of the same block wait on."""
 
-    __slots__ = ("data", "done", "error")
+    __slots__ = ("data", "done", "error", "where")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.data: bytes | None = None
         self.error: BaseException | None = None
+        self.where = "store"
 
 
 class _RecentBlocks:
@@ -87,6 +99,13 @@ class _RecentBlocks:
             self.used -= len(old)
 
 
+class PeerRoute(Protocol):
+    def owner_address(self, dataset: str, shard: int) -> str | None:
+        """Address of the node owning ``shard`` when that is another node; None when this node
+        fetches the block itself (it owns the shard, or there is no cluster)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ReadLimits:
     store_threads: int = 32  # concurrent object-store requests
@@ -97,10 +116,18 @@ class ReadLimits:
 
 class BlockReader:
     def __init__(
-        self, cache: BlockCache, metrics: WorkerMetrics, limits: ReadLimits = ReadLimits()
+        self,
+        cache: BlockCache,
+        metrics: WorkerMetrics,
+        limits: ReadLimits = ReadLimits(),
+        *,
+        peers: PeerClient | None = None,
+        route: PeerRoute | None = None,
     ):
         self.cache = cache
         self.metrics = metrics
+        self.peers = peers
+        self.route = route
         self._store_limiter = trio.CapacityLimiter(limits.store_threads)
         self._disk_limiter = trio.CapacityLimiter(limits.disk_threads)
         self._admit_limiter = trio.CapacityLimiter(limits.admit_threads)
@@ -148,14 +175,42 @@ class BlockReader:
             metrics.bytes_served["recent"] += length
             return recent[offset : offset + length]
         metrics.misses += 1
-        block = await self._fetch(source, file, index, key)
-        metrics.bytes_served["store"] += length
+        owner = self.route.owner_address(source.dataset, key.shard) if self.route else None
+        block, where = await self._fetch(source, file, index, key, peer=owner)
+        metrics.bytes_served[where] += length
         return block[offset : offset + length]
 
+    async def read_owned_block(self, source: DataSource, file: FileVersion, index: int) -> bytes:
+        """A whole block for a peer that asked this node, its owner: from the cache, else from
+        the store and admitted here. Never forwarded to another node (two nodes with different
+        views of the membership must not send a request back and forth)."""
+        key = BlockKey.make(source.source_id, file.key, file.etag, index)
+        tier = self.cache.locate(key)
+        if tier is not None:
+            if tier == "ram":
+                data = self.cache.read(key)
+            else:
+                data = await trio.to_thread.run_sync(
+                    self.cache.read, key, limiter=self._disk_limiter
+                )
+            if data is not None:
+                self.metrics.peer_served += 1
+                return data
+        data, _ = await self._fetch(source, file, index, key)
+        self.metrics.peer_served += 1
+        return data
+
     async def _fetch(
-        self, source: DataSource, file: FileVersion, index: int, key: BlockKey
-    ) -> bytes:
-        """Fetch a whole block from the store and admit it; one fetch per block at a time."""
+        self,
+        source: DataSource,
+        file: FileVersion,
+        index: int,
+        key: BlockKey,
+        *,
+        peer: str | None = None,
+    ) -> tuple[bytes, str]:
+        """Fetch a whole block — from ``peer`` if given, else from the store and admit it — with
+        one fetch per block at a time. Returns the data and where it came from."""
         while True:
             flight = self._flights.get(key.raw)
             if flight is None:
@@ -163,27 +218,62 @@ class BlockReader:
             self.metrics.fetch_coalesced += 1
             await flight.done.wait()
             if flight.data is not None:
-                return flight.data
+                return flight.data, flight.where
             if isinstance(flight.error, CachefsError):
                 raise flight.error
             # The leader was cancelled (its FUSE request interrupted): try again ourselves.
 
         flight = self._flights[key.raw] = _Flight()
         try:
-            data = await self._get_from_store(source, file, index)
-            admitted = await trio.to_thread.run_sync(
-                self.cache.put, key, data, limiter=self._admit_limiter
-            )
-            if admitted is None:
+            data = None
+            if peer is not None:
+                data = await self._get_from_peer(peer, source, file, index)
+                flight.where = "peer"
+            if data is None:
+                data = await self._get_from_store(source, file, index)
+                flight.where = "store"
+                # Not the owner: read through, so the block stays cached once per copy.
+                admitted = None
+                if peer is None:
+                    admitted = await trio.to_thread.run_sync(
+                        self.cache.put, key, data, limiter=self._admit_limiter
+                    )
+                if admitted is None:
+                    self._recent.put(key.raw, data)
+            else:
                 self._recent.put(key.raw, data)
             flight.data = data
-            return data
+            return data, flight.where
         except BaseException as exc:
             flight.error = exc
             raise
         finally:
             del self._flights[key.raw]
             flight.done.set()
+
+    async def _get_from_peer(
+        self, address: str, source: DataSource, file: FileVersion, index: int
+    ) -> bytes | None:
+        """The block from its owner, or None when the owner cannot serve it (then the caller
+        reads the store): a peer problem never becomes a read error."""
+        request = BlockRequest(
+            source.dataset, file.key, file.etag, file.size, index, source.block_size
+        )
+        try:
+            data = await self.peers.get_block(address, request)
+        except PeerUnavailable:
+            self.metrics.peer_request("cooling")
+            return None
+        except PeerRefused as exc:
+            self.metrics.peer_request("refused")
+            log.debug("peer %s declined a block, reading the store: %s", address, exc)
+            return None
+        except PeerError as exc:
+            self.metrics.peer_request("failed")
+            log.info("peer read from %s failed, reading the store: %s", address, exc)
+            return None
+        self.metrics.peer_request("ok")
+        return data
 
     async def _get_from_store(self, source: DataSource, file: FileVersion, index: int) -> bytes:
         start = index * source.block_size

@@ -152,6 +152,17 @@ class Snapshot:
         """
         return self._iter_children(self._live_env(), ino, after)
 
+    def iter_files(self) -> Iterator[Entry]:
+        """Every file of the snapshot, in inode order (one pass over the inode table: what a
+        preload planner walks; it runs in a thread, and the snapshot is immutable, so one long
+        read transaction is harmless)."""
+        env = self._live_env()
+        with env.begin(db=self._inodes) as txn:
+            for ino_key, record in txn.cursor():
+                entry = unpack_entry(INO.unpack(ino_key)[0], record)
+                if not entry.is_dir:
+                    yield entry
+
     # --- internals ------------------------------------------------------------------------
 
     def _live_env(self) -> lmdb.Environment:

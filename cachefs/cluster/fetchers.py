@@ -1,0 +1,72 @@
+"""Bulk fetching for the preloader, spread over several processes.
+
+An SDK GET costs about 1.4 ms of client CPU (boto3), so one Python process tops out near 700
+GETs/s per core — and the worker process must keep its core for FUSE. Preload fetches run in a
+pool of helper processes instead; each opens its own store client once per dataset and sends
+the block's bytes back through the pool's pipe. Admission (index + tier files) stays in the
+worker, which owns the cache.
+
+The pool starts its processes with ``forkserver``: forking the worker itself (threads, a FUSE
+session) would copy locks held by other threads. ``processes=0`` fetches in the calling thread
+instead (no extra processes; for small machines and tests).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+from cachefs.errors import CachefsError, StoreError
+from cachefs.store import StoreConfig, open_store
+
+_stores: dict[StoreConfig, object] = {}  # per process: one store client per dataset source
+
+
+def _store(config: StoreConfig):
+    store = _stores.get(config)
+    if store is None:
+        store = _stores[config] = open_store(config)
+    return store
+
+
+def fetch_range(config: StoreConfig, key: str, offset: int, length: int, etag: str):
+    """Runs in a pool process. Returns the bytes, or ("error", message): exceptions of ours
+    carry keyword-only constructor arguments that do not survive pickling."""
+    try:
+        return _store(config).get_range(key, offset, length, etag=etag)
+    except CachefsError as exc:
+        return ("error", str(exc))
+
+
+class FetchFailed(StoreError):
+    pass
+
+
+class FetcherPool:
+    def __init__(self, processes: int):
+        self.processes = processes
+        self._pool: ProcessPoolExecutor | None = None
+
+    def fetch(self, config: StoreConfig, key: str, offset: int, length: int, etag: str) -> bytes:
+        """Blocking: call from a thread. Raises StoreError (FetchFailed) with the reason."""
+        if self.processes <= 0:
+            result = fetch_range(config, key, offset, length, etag)
+        else:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    self.processes, mp_context=multiprocessing.get_context("forkserver")
+                )
+            result = self._pool.submit(fetch_range, config, key, offset, length, etag).result()
+        if isinstance(result, tuple):
+            raise FetchFailed(result[1])
+        if len(result) != length:  # never admit a short read
+            raise FetchFailed(f"got {len(result)} bytes for a {length}-byte range of {key!r}")
+        return result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        for store in _stores.values():
+            store.close()
+        _stores.clear()

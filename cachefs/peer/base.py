@@ -1,0 +1,93 @@
+"""What the peer server and client agree on: the block request, its wire form, the errors.
+
+The query encoding lives here, next to the request, so both sides cannot drift apart. Object keys
+may hold any character, including surrogate-escaped non-UTF-8 bytes that no URL encoding can
+carry, so the key travels as unpadded base64url of its raw bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+
+from cachefs.errors import CachefsError
+
+BLOCKS_PATH = "/v1/blocks"
+MIN_BLOCK_SIZE = 4096
+MAX_BLOCK_SIZE = 64 << 20
+
+
+class PeerError(CachefsError):
+    """A failed peer read; ``str()`` names the peer address and the reason."""
+
+
+class PeerUnavailable(PeerError):
+    """The peer is cooling down after a recent failure (raised without any network I/O)."""
+
+
+class PeerRefused(PeerError):
+    """The peer answered but declined (not its file, its own store fetch failed): it is healthy."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRequest:
+    """Block ``index`` (``[index*block_size, ...)``) of one object version.
+
+    Construction rejects impossible requests (``ValueError``), so a request that exists always
+    has ``length > 0`` and the server can answer 400 from the message.
+    """
+
+    dataset: str
+    key: str
+    etag: str
+    size: int
+    index: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if not MIN_BLOCK_SIZE <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block size {self.block_size} outside [4 KiB, 64 MiB]")
+        if self.size < 0 or self.index < 0:
+            raise ValueError("size and index must not be negative")
+        if self.index * self.block_size >= self.size:
+            raise ValueError(f"block {self.index} is past the end of a {self.size}-byte object")
+
+    @property
+    def length(self) -> int:
+        """Bytes in this block: a full block except for the object's last one."""
+        return min(self.block_size, self.size - self.index * self.block_size)
+
+    def to_params(self) -> dict[str, str]:
+        """The query parameters of ``GET /v1/blocks``."""
+        raw_key = self.key.encode("utf-8", "surrogateescape")
+        return {
+            "d": self.dataset,
+            "k": base64.urlsafe_b64encode(raw_key).rstrip(b"=").decode("ascii"),
+            "e": self.etag,
+            "s": str(self.size),
+            "i": str(self.index),
+            "b": str(self.block_size),
+        }
+
+    @classmethod
+    def from_params(cls, params: dict[str, str]) -> BlockRequest:
+        """Parse :meth:`to_params` output; ``ValueError`` with a short reason if malformed."""
+        try:
+            dataset, k, etag = params["d"], params["k"], params["e"]
+            size, index, block_size = (_natural(params[name]) for name in "sib")
+        except KeyError as err:
+            raise ValueError(f"missing parameter {err.args[0]!r}") from None
+        try:
+            raw_key = base64.b64decode(k + "=" * (-len(k) % 4), altchars=b"-_", validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("k is not unpadded base64url") from None
+        key = raw_key.decode("utf-8", "surrogateescape")
+        return cls(dataset, key, etag, size, index, block_size)
+
+
+def _natural(text: str) -> int:
+    """A non-negative decimal; stricter than ``int()``, which takes signs, spaces and ``_``."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 20:
+        raise ValueError(f"{text[:30]!r} is not a non-negative integer")
+    return int(text)

@@ -1,0 +1,241 @@
+"""The coordinator's HTTP/JSON API (FastAPI; the OpenAPI spec is at ``/openapi.json``, the
+browsable docs at ``/docs``).
+
+Every route but ``/healthz``, ``/metrics`` and the spec itself needs ``Authorization: Bearer
+<token>``. Request bodies are pydantic models, so a malformed body is a 422 naming the field;
+domain errors map to 400/404/409 in one place (:func:`_status_of`); an unavailable state store
+is a 503. Routes are plain ``def``: FastAPI runs them in threads, which is what the blocking
+:class:`~coordinator.cluster.Cluster` wants.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound
+from cachefs.protocol import DEFAULT_BLOCK_SIZE, DatasetSpec
+
+from .cluster import Cluster, NodeNotFound, PreloadNotFound
+from .preload import Selection
+from .scheduling.http import placement_router
+from .scheduling.sources import InMemorySource, parse_locality_document
+from .state import StateStoreError
+
+# Module level: route signatures are resolved from this module's globals (postponed annotations).
+BearerCredentials = Annotated[
+    HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))
+]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, description="dataset name")]
+NodeName = Annotated[str, Path(pattern=NAME_PATTERN, description="node name")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetIn(_Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    uri: str = Field(min_length=1, max_length=4096, description="s3://, oss:// or file:// URI")
+    endpoint: str | None = Field(None, max_length=4096)
+    region: str | None = Field(None, max_length=128)
+    path_style: bool | None = None
+    profile: str | None = Field(None, max_length=256)
+    credentials_file: str | None = Field(None, max_length=4096)
+    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=64 << 10, le=64 << 20)
+    timeout_s: float = Field(30.0, gt=0, le=600)
+    refresh_interval_s: float | None = Field(None, gt=0, le=365 * 86400)
+
+
+class PreloadIn(_Strict):
+    paths: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=1000, description="path prefixes (all if empty)"
+    )
+    fraction: float | None = Field(None, gt=0, le=1, description="share of each shard's bytes")
+    bytes: int | None = Field(None, gt=0, description="byte budget over the selection")
+    at: float | None = Field(None, ge=0, description="unix time to start (now if absent)")
+    copy_id: str | None = Field(None, alias="copy", pattern=NAME_PATTERN)
+
+
+class TierReport(BaseModel):
+    name: str = Field(max_length=64)
+    capacity: int = Field(ge=0)
+    used: int = Field(ge=0)
+
+
+class DatasetReport(BaseModel):
+    bytes: int = Field(0, ge=0)
+    files: int = Field(0, ge=0)
+    cached_bytes: int = Field(0, ge=0)
+    shards: dict[str, int] = Field(default_factory=dict)
+
+
+class ShardReport(BaseModel):
+    objects: int = Field(0, ge=0)
+    bytes: int = Field(0, ge=0)
+    done_objects: int = Field(0, ge=0)
+    done_bytes: int = Field(0, ge=0)
+    failed: dict[str, str] = Field(default_factory=dict)
+    failed_count: int = Field(0, ge=0)
+    complete: bool = False
+
+
+class HeartbeatIn(BaseModel):
+    address: str = Field(pattern=r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$", description="peer HOST:PORT")
+    gpus: int = Field(0, ge=0, le=4096)
+    tiers: list[TierReport] = Field(default_factory=list, max_length=16)
+    datasets: dict[str, DatasetReport] = Field(default_factory=dict)
+    preloads: dict[str, dict[str, ShardReport]] = Field(default_factory=dict)
+
+
+def _status_of(exc: CachefsError) -> int:
+    if isinstance(exc, DatasetNotFound | NodeNotFound | PreloadNotFound):
+        return 404
+    if isinstance(exc, DatasetExists):
+        return 409
+    if isinstance(exc, StateStoreError):
+        return 503
+    return 400
+
+
+class CoordinatorLocality(InMemorySource):
+    """The placement endpoint's locality and cluster source: the coordinator's own state."""
+
+    def __init__(self, cluster: Cluster):
+        super().__init__()
+        self._cluster = cluster
+
+    async def refresh(self) -> None:
+        self.update(*parse_locality_document(self._cluster.locality_document(), "coordinator"))
+
+
+def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
+    app = FastAPI(
+        title="cachefs coordinator",
+        version="1",
+        description="Datasets, nodes, preload jobs and the locality API of a cachefs cluster. "
+        "Every route except /healthz and /metrics needs `Authorization: Bearer <token>`.",
+    )
+    def require_token(credentials: BearerCredentials) -> None:
+        if credentials is None or not hmac.compare_digest(
+            credentials.credentials.encode(), token.encode()
+        ):
+            raise HTTPException(
+                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    @app.exception_handler(CachefsError)
+    async def _cachefs_error(request: Request, exc: CachefsError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": str(exc), "kind": type(exc).__name__}, status_code=_status_of(exc)
+        )
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, Any]:
+        return {"ok": True, "cluster_id": cluster.cluster_id}
+
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
+    def metrics() -> PlainTextResponse:
+        body = metrics_text() if metrics_text else b""
+        return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+
+    @v1.get("/datasets", tags=["datasets"])
+    def list_datasets() -> list[dict[str, Any]]:
+        return cluster.list_datasets()
+
+    @v1.post("/datasets", tags=["datasets"], status_code=201)
+    def add_dataset(body: DatasetIn) -> dict[str, Any]:
+        return cluster.add_dataset(DatasetSpec.from_json(body.model_dump()))
+
+    @v1.get("/datasets/{name}", tags=["datasets"])
+    def get_dataset(name: DatasetName) -> dict[str, Any]:
+        return cluster.dataset_status(name)
+
+    @v1.delete("/datasets/{name}", tags=["datasets"])
+    def remove_dataset(name: DatasetName) -> dict[str, Any]:
+        return cluster.remove_dataset(name)
+
+    @v1.post("/datasets/{name}/refresh", tags=["datasets"])
+    def refresh_dataset(name: DatasetName) -> dict[str, Any]:
+        return cluster.refresh_dataset(name)
+
+    @v1.get("/datasets/{name}/locality", tags=["locality"])
+    def dataset_locality(name: DatasetName) -> dict[str, Any]:
+        """Nodes holding the dataset, with cached bytes and fraction (as of their last
+        heartbeat: accurate within one heartbeat interval)."""
+        return cluster.locality(name)
+
+    @v1.post("/datasets/{name}/preload", tags=["preload"], status_code=201)
+    def start_preload(name: DatasetName, body: PreloadIn) -> dict[str, Any]:
+        selection = Selection(
+            paths=tuple(body.paths), fraction=body.fraction, bytes=body.bytes, at=body.at
+        )
+        return cluster.start_preload(name, selection, copy=body.copy_id)
+
+    @v1.get("/datasets/{name}/preload", tags=["preload"])
+    def preload_status(name: DatasetName) -> dict[str, Any]:
+        """The dataset's latest preload job: state, objects and bytes done of planned, rate,
+        ETA, failed objects with reasons."""
+        return cluster.preload_status(name)
+
+    @v1.post("/datasets/{name}/preload/resume", tags=["preload"])
+    def resume_preload(name: DatasetName) -> dict[str, Any]:
+        """Run the latest job's selection again: cached blocks are skipped, failures retried."""
+        return cluster.resume_preload(name)
+
+    @v1.post("/datasets/{name}/preload/cancel", tags=["preload"])
+    def cancel_preload(name: DatasetName) -> dict[str, Any]:
+        return cluster.cancel_preload(name)
+
+    @v1.get("/preloads", tags=["preload"])
+    def list_preloads() -> list[dict[str, Any]]:
+        return cluster.list_preloads()
+
+    @v1.get("/preloads/{job_id}", tags=["preload"])
+    def get_preload(job_id: Annotated[str, Path(max_length=200)]) -> dict[str, Any]:
+        return cluster.preload_job(job_id)
+
+    @v1.get("/nodes", tags=["locality"])
+    def list_nodes() -> list[dict[str, Any]]:
+        return cluster.list_nodes()
+
+    @v1.get("/nodes/{node}", tags=["locality"])
+    def get_node(node: NodeName) -> dict[str, Any]:
+        """One node: state, tiers, and the datasets it holds with cached bytes and fraction."""
+        return cluster.node_status(node)
+
+    @v1.post("/nodes/{node}/heartbeat", tags=["workers"])
+    def heartbeat(node: NodeName, body: HeartbeatIn) -> dict[str, Any]:
+        """A worker's heartbeat (registers it on first contact). The reply is the worker's view
+        of the cluster: live membership per copy, datasets, running preload jobs."""
+        report = body.model_dump()
+        if not all(_is_shard(s) for d in report["datasets"].values() for s in d["shards"]):
+            raise ConfigError("shard numbers must be integers in [0, 1024)")
+        if not all(_is_shard(s) for job in report["preloads"].values() for s in job):
+            raise ConfigError("shard numbers must be integers in [0, 1024)")
+        return cluster.heartbeat(node, report)
+
+    @v1.get("/locality", tags=["locality"])
+    def locality_document() -> dict[str, Any]:
+        """Every dataset's cached bytes per node and every live node's GPUs and cache: the
+        document the placement policies read."""
+        return cluster.locality_document()
+
+    app.include_router(v1)
+    source = CoordinatorLocality(cluster)
+    app.include_router(
+        placement_router(source, source), dependencies=[Depends(require_token)], tags=["placement"]
+    )
+    return app
+
+
+def _is_shard(text: str) -> bool:
+    return text.isdigit() and int(text) < 1024

@@ -1,0 +1,174 @@
+"""Running the coordinator: `cachefs coordinator --listen HOST:PORT --state DIR`.
+
+One trio nursery: the HTTP API (hypercorn) and a ticker that starts scheduled preloads,
+finishes jobs and logs nodes going down. State is in ``<state>/coordinator`` (LMDB) unless
+``--store etcd://…`` names an etcd cluster. The bearer token comes from ``--token-file``, else
+``$CACHEFS_TOKEN``, else ``<state>/token``, generated (mode 0600) on first start; the CLI on
+the same machine finds it there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+from dataclasses import dataclass
+
+import trio
+from prometheus_client import generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from cachefs.errors import ConfigError
+from cachefs.pidlock import LockHeld, take_pid_lock
+
+from .api import create_app
+from .cluster import Cluster
+from .state import open_state_store
+
+log = logging.getLogger("coordinator")
+
+TOKEN_FILE = "token"
+
+
+@dataclass
+class CoordinatorConfig:
+    listen: str
+    state_dir: str
+    store: str | None = None  # state store location; default LMDB under state_dir
+    token_file: str | None = None
+    heartbeat_interval_s: float = 2.0
+    down_after_s: float | None = None  # default: 3 heartbeat intervals
+
+
+def load_or_create_token(state_dir: str, token_file: str | None) -> str:
+    if token_file:
+        token = _read_token(token_file)
+    elif os.environ.get("CACHEFS_TOKEN"):
+        token = os.environ["CACHEFS_TOKEN"].strip()
+    else:
+        path = os.path.join(state_dir, TOKEN_FILE)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return _read_token(path)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+        log.info("generated an API token in %s", path)
+        return _read_token(path)
+    if not token:
+        raise ConfigError("the API token is empty")
+    return token
+
+
+def _read_token(path: str) -> str:
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"the token file {path} is empty")
+    return token
+
+
+class _ClusterCollector(Collector):
+    """Coordinator metrics, computed at scrape time from the cluster model."""
+
+    def __init__(self, cluster: Cluster):
+        self._cluster = cluster
+
+    def collect(self):
+        cluster = self._cluster
+        up = GaugeMetricFamily("cachefs_node_up", "1 if the node is up", labels=["node"])
+        for node in cluster.list_nodes():
+            up.add_metric([node["node"]], 1.0 if node["state"] == "up" else 0.0)
+        yield up
+        cached = GaugeMetricFamily(
+            "cachefs_dataset_cluster_cached_bytes", "Cached bytes on live nodes", labels=["dataset"]
+        )
+        fraction = GaugeMetricFamily(
+            "cachefs_dataset_cluster_cached_fraction", "Cached fraction", labels=["dataset"]
+        )
+        for dataset in cluster.list_datasets():
+            cached.add_metric([dataset["name"]], dataset["cached_bytes"])
+            fraction.add_metric([dataset["name"]], dataset["cached_fraction"])
+        yield cached
+        yield fraction
+        names = ("bytes", "bytes_done", "objects", "objects_done", "failed_count")
+        families = {
+            name: GaugeMetricFamily(
+                f"cachefs_preload_{name}", f"Preload job {name}", labels=["dataset", "job", "state"]
+            )
+            for name in names
+        }
+        for job in cluster.list_preloads():
+            for name in names:
+                families[name].add_metric([job["dataset"], job["id"], job["state"]], job[name])
+        yield from families.values()
+
+
+async def serve(config: CoordinatorConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.trio import serve as hypercorn_serve
+
+    os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+    try:
+        lock = take_pid_lock(os.path.join(config.state_dir, "coordinator.lock"))
+    except LockHeld as held:
+        raise ConfigError(
+            f"another coordinator (pid {held.holder}) uses state directory {config.state_dir}"
+        ) from None
+    token = load_or_create_token(config.state_dir, config.token_file)
+    store = await trio.to_thread.run_sync(
+        open_state_store, config.store or os.path.join(config.state_dir, "coordinator")
+    )
+    try:
+        cluster = await trio.to_thread.run_sync(
+            lambda: Cluster(
+                store,
+                heartbeat_interval_s=config.heartbeat_interval_s,
+                down_after_s=config.down_after_s,
+            )
+        )
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_ClusterCollector(cluster))
+        app = create_app(cluster, token, metrics_text=lambda: generate_latest(registry))
+        hyper = HypercornConfig()
+        hyper.bind = [config.listen]
+        hyper.accesslog = None
+        hyper.errorlog = logging.getLogger("coordinator.http")
+        hyper.graceful_timeout = 1.0
+        shutdown = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                lambda task_status: hypercorn_serve(
+                    app, hyper, shutdown_trigger=shutdown.wait, task_status=task_status
+                )
+            )
+            log.info("coordinator on http://%s (state %s, store %s)", config.listen,
+                     config.state_dir, store.where)  # fmt: skip
+            task_status.started()
+            async with trio.open_nursery() as background:
+                background.start_soon(_tick, cluster, config.heartbeat_interval_s / 2)
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        log.info("received %s, shutting down", signal.Signals(signum).name)
+                        break
+                background.cancel_scope.cancel()
+            shutdown.set()
+    finally:
+        store.close()
+        lock.close()
+
+
+async def _tick(cluster: Cluster, period_s: float) -> None:
+    down: set[str] = set()
+    while True:
+        await trio.sleep(period_s)
+        await trio.to_thread.run_sync(cluster.tick)
+        now_down = set(await trio.to_thread.run_sync(cluster.check_liveness))
+        for node in sorted(now_down - down):
+            log.warning("node %r missed its heartbeats: marked down, its shards re-owned", node)
+        down = now_down

@@ -1,0 +1,326 @@
+"""The peer block transport over real sockets: hypercorn (trio) serving the app, PeerClient reading.
+
+Failure cases use real misbehaving peers: a closed port, a listener that accepts and never
+answers, and an ASGI wrapper that corrupts what the genuine app sends.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import httpx
+import pytest
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from cachefs.errors import CachefsError, ObjectNotFound
+from cachefs.peer.base import BlockRequest, PeerError, PeerRefused, PeerUnavailable
+from cachefs.peer.client import PeerClient
+from cachefs.peer.server import create_peer_app
+
+TOKEN = "s3cret-token"
+MIB = 1 << 20
+
+
+class FakeOwner:
+    """``serve_block`` over in-memory objects, recording every request it is asked."""
+
+    def __init__(self, objects: dict[str, bytes] | None = None):
+        self.objects = objects or {}
+        self.requests: list[BlockRequest] = []
+
+    async def serve_block(self, req: BlockRequest) -> bytes:
+        self.requests.append(req)
+        data = self.objects[req.key]  # KeyError (a LookupError) → 404
+        start = req.index * req.block_size
+        return data[start : start + req.block_size]
+
+
+def request_for(key: str, data: bytes, index: int = 0, block_size: int = MIB) -> BlockRequest:
+    return BlockRequest("ds", key, '"etag-1"', len(data), index, block_size)
+
+
+@asynccontextmanager
+async def served(app, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """Serve ``app`` with hypercorn's trio server on a free port; yield "host:port"."""
+    config = Config()
+    config.bind = [f"{host}:0"]
+    config.accesslog = None
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            partial(serve, app, config, shutdown_trigger=trio.sleep_forever)
+        )
+        yield binds[0].removeprefix("http://")
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def peer_client(**kwargs) -> AsyncIterator[PeerClient]:
+    client = PeerClient(TOKEN, **kwargs)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def corrupting(app, *, checksum: bytes | None = None, truncate: int = 0):
+    """Wrap ``app``: replace its checksum header and/or drop the body's last bytes."""
+
+    async def wrapper(scope, receive, send):
+        async def altered_send(message):
+            if message["type"] == "http.response.start" and message["status"] == 200:
+                headers = dict(message["headers"])
+                if checksum is not None:
+                    headers[b"x-cachefs-checksum"] = checksum
+                message = {**message, "headers": list(headers.items())}
+            elif message["type"] == "http.response.body" and truncate:
+                message = {**message, "body": message["body"][:-truncate]}
+            await send(message)
+
+        await app(scope, receive, altered_send)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2"])
+async def test_round_trip_full_and_last_short_block(host):
+    data = random.randbytes(2 * MIB + 12345)
+    owner = FakeOwner({"obj": data})
+    app = create_peer_app(owner.serve_block, TOKEN)
+    async with served(app, host) as address, peer_client() as client:
+        assert await client.get_block(address, request_for("obj", data, 0)) == data[:MIB]
+        last = await client.get_block(address, request_for("obj", data, 2))
+    assert last == data[2 * MIB :]
+    assert len(last) == 12345
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        b"raw\xff\xfe\x80bytes".decode("utf-8", "surrogateescape"),
+        "a b?c#d%e\n",
+        "日本/ñandú/🙂.jpg",
+        "%2F/../+&=;",
+        "",
+    ],
+)
+@pytest.mark.parametrize("etag", ['"e t&ag"', ""])
+async def test_hostile_keys_arrive_unchanged(key, etag):
+    data = random.randbytes(5000)
+    owner = FakeOwner({key: data})
+    req = BlockRequest("ds name&?", key, etag, len(data), 0, 4096)
+    app = create_peer_app(owner.serve_block, TOKEN)
+    async with served(app) as address, peer_client() as client:
+        assert await client.get_block(address, req) == data[:4096]
+    assert owner.requests == [req]
+
+
+async def test_auth_health_and_unknown_paths():
+    owner = FakeOwner({"obj": b"x" * 5000})
+    params = request_for("obj", b"x" * 5000, block_size=4096).to_params()
+    wrong = {"authorization": "Bearer not-the-token"}
+    right = {"authorization": f"Bearer {TOKEN}"}
+    async with served(create_peer_app(owner.serve_block, TOKEN)) as address:
+        http = httpx.AsyncClient(base_url=f"http://{address}")
+        async with http:
+            assert (await http.get("/v1/blocks", params=params)).status_code == 401
+            assert (await http.get("/v1/blocks", params=params, headers=wrong)).status_code == 401
+            assert (await http.get("/v1/blocks", params=params, headers=right)).status_code == 200
+            health = await http.get("/v1/peer/health")
+            assert (health.status_code, health.text) == (200, "ok")
+            assert (await http.get("/v1/other", headers=right)).status_code == 404
+            assert (await http.post("/v1/blocks", params=params, headers=right)).status_code == 404
+    assert len(owner.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"k": None},
+        {"s": "-5"},
+        {"s": "+5000"},
+        {"i": "1e3"},
+        {"i": "2"},  # past the end of a 5000-byte object in 4 KiB blocks
+        {"b": "1024"},
+        {"b": str(128 * MIB)},
+        {"k": "not base64!"},
+    ],
+)
+async def test_malformed_params_are_400(change):
+    owner = FakeOwner({"obj": b"x" * 5000})
+    params = {**request_for("obj", b"x" * 5000, block_size=4096).to_params(), **change}
+    params = {name: value for name, value in params.items() if value is not None}
+    app = create_peer_app(owner.serve_block, TOKEN)
+    async with served(app) as address, httpx.AsyncClient() as http:
+        resp = await http.get(
+            f"http://{address}/v1/blocks",
+            params=params,
+            headers={"authorization": f"Bearer {TOKEN}"},
+        )
+    assert resp.status_code == 400, resp.text
+    assert owner.requests == []
+
+
+async def test_lookup_error_is_refused_without_cooldown():
+    owner = FakeOwner()
+    app = create_peer_app(owner.serve_block, TOKEN)
+    async with served(app) as address, peer_client() as client:
+        with pytest.raises(PeerRefused, match="404"):
+            await client.get_block(address, request_for("missing", b"x" * 10))
+        assert not client.is_cooling(address)
+
+
+async def test_cachefs_error_is_refused_with_its_message():
+    async def failing(req: BlockRequest) -> bytes:
+        raise ObjectNotFound("gone from the bucket", dataset=req.dataset, key=req.key)
+
+    async with served(create_peer_app(failing, TOKEN)) as address, peer_client() as client:
+        with pytest.raises(PeerRefused, match=r"503.*gone from the bucket") as info:
+            await client.get_block(address, request_for("obj", b"x" * 10))
+        assert address in str(info.value)
+        assert not client.is_cooling(address)
+
+
+@pytest.mark.parametrize("result", ["short", "crash"])
+async def test_owner_bug_is_500_and_no_bytes(result):
+    async def buggy(req: BlockRequest) -> bytes:
+        if result == "crash":
+            raise RuntimeError("bug")
+        return b"x" * (req.length - 1)
+
+    async with served(create_peer_app(buggy, TOKEN)) as address, peer_client() as client:
+        with pytest.raises(PeerError, match="500") as info:
+            await client.get_block(address, request_for("obj", b"x" * 10000))
+    assert not isinstance(info.value, PeerRefused)
+
+
+@pytest.mark.parametrize(
+    "corruption",
+    [{"checksum": b"0123456789abcdef"}, {"checksum": b""}, {"truncate": 1}],
+    ids=["wrong-checksum", "empty-checksum", "short-body"],
+)
+async def test_corrupt_transfer_is_error_then_cooldown_then_retry(corruption):
+    data = random.randbytes(10000)
+    owner = FakeOwner({"obj": data})
+    app = corrupting(create_peer_app(owner.serve_block, TOKEN), **corruption)
+    req = request_for("obj", data, block_size=4096)
+    async with served(app) as address, peer_client(cooldown_s=0.3) as client:
+        with pytest.raises(PeerError) as info:
+            await client.get_block(address, req)
+        assert not isinstance(info.value, PeerRefused | PeerUnavailable)
+        assert client.is_cooling(address)
+        with pytest.raises(PeerUnavailable, match=re.escape(address)):
+            await client.get_block(address, req)
+        assert len(owner.requests) == 1  # the cooled-down call never reached the peer
+        await trio.sleep(0.35)
+        with pytest.raises(PeerError):
+            await client.get_block(address, req)
+        assert len(owner.requests) == 2
+
+
+async def test_mark_down_starts_cooldown():
+    async with peer_client(cooldown_s=60) as client:
+        client.mark_down("127.0.0.1:1")
+        assert client.is_cooling("127.0.0.1:1")
+        assert not client.is_cooling("127.0.0.1:2")
+        with pytest.raises(PeerUnavailable):
+            await client.get_block("127.0.0.1:1", request_for("obj", b"x" * 10))
+
+
+async def test_dead_port_fails_fast():
+    with socket.socket() as sock:  # a port nobody listens on: bound, then released
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    async with peer_client() as client:
+        start = time.monotonic()
+        with pytest.raises(PeerError, match="ConnectError"):
+            await client.get_block(address, request_for("obj", b"x" * 10))
+        assert time.monotonic() - start < 1.0
+        assert client.is_cooling(address)
+
+
+async def test_stalled_peer_costs_at_most_the_timeout():
+    """A peer that accepts the connection and never answers (e.g. SIGSTOPped); the cancelled
+    request must not break the shared pool for healthy peers."""
+    timeout_s = 0.5
+    data = random.randbytes(5000)
+    healthy = create_peer_app(FakeOwner({"obj": data}).serve_block, TOKEN)
+    async with served(healthy) as healthy_address, trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        accepted: list[trio.SocketStream] = []
+
+        async def hold_forever(stream: trio.SocketStream) -> None:
+            accepted.append(stream)
+            await trio.sleep_forever()
+
+        nursery.start_soon(trio.serve_listeners, hold_forever, listeners)
+        address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        async with peer_client(timeout_s=timeout_s) as client:
+            start = time.monotonic()
+            with pytest.raises(PeerError):
+                await client.get_block(address, request_for("obj", b"x" * 10))
+            elapsed = time.monotonic() - start
+            assert client.is_cooling(address)
+            req = request_for("obj", data, block_size=4096)
+            assert await client.get_block(healthy_address, req) == data[:4096]
+        nursery.cancel_scope.cancel()
+    assert timeout_s - 0.05 <= elapsed < timeout_s + 1.0
+    assert len(accepted) == 1
+
+
+async def test_max_inflight_answers_503_at_once():
+    release = trio.Event()
+    started = 0
+
+    async def slow(req: BlockRequest) -> bytes:
+        nonlocal started
+        started += 1
+        await release.wait()
+        return b"y" * req.length
+
+    req = request_for("obj", b"x" * 10000, block_size=4096)
+    results: list[bytes] = []
+    app = create_peer_app(slow, TOKEN, max_inflight=2)
+    async with served(app) as address, peer_client() as client, trio.open_nursery() as nursery:
+
+        async def fetch() -> None:
+            results.append(await client.get_block(address, req))
+
+        nursery.start_soon(fetch)
+        nursery.start_soon(fetch)
+        while started < 2:
+            await trio.sleep(0.01)
+        with pytest.raises(PeerRefused, match=r"503.*too many"):
+            await client.get_block(address, req)
+        assert not client.is_cooling(address)
+        release.set()
+    assert results == [b"y" * 4096] * 2
+    assert started == 2
+
+
+async def test_lifespan_is_acknowledged():
+    app = create_peer_app(FakeOwner().serve_block, TOKEN)
+    to_app, app_inbox = trio.open_memory_channel(2)
+    app_outbox, from_app = trio.open_memory_channel(2)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(app, {"type": "lifespan"}, app_inbox.receive, app_outbox.send)
+        await to_app.send({"type": "lifespan.startup"})
+        assert await from_app.receive() == {"type": "lifespan.startup.complete"}
+        await to_app.send({"type": "lifespan.shutdown"})
+        assert await from_app.receive() == {"type": "lifespan.shutdown.complete"}
+
+
+def test_impossible_requests_are_rejected():
+    with pytest.raises(ValueError, match="past the end"):
+        BlockRequest("ds", "k", "e", 4096, 1, 4096)
+    with pytest.raises(ValueError, match="block size"):
+        BlockRequest("ds", "k", "e", 4096, 0, 100)
+    assert BlockRequest("ds", "k", "e", 4097, 1, 4096).length == 1
+    assert isinstance(PeerError("x"), CachefsError)
