@@ -42,8 +42,10 @@ class WorkerProcess:
         admission: str = "avoid-eviction",
         env: dict[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
+        command: tuple[str, ...] = ("up",),
     ):
         self.base_dir = base_dir
+        self.command = command
         self.state = os.path.join(base_dir, "state")
         self.mount = os.path.join(base_dir, "mnt")
         self.ram_dir = f"/dev/shm/cachefs-test-{uuid.uuid4().hex[:10]}"
@@ -78,7 +80,7 @@ class WorkerProcess:
                 "cachefs",
                 "--state",
                 self.state,
-                "up",
+                *self.command,
                 "--mount",
                 self.mount,
                 *self.args,

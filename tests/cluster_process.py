@@ -1,0 +1,192 @@
+"""A real cluster for integration tests: a `cachefs coordinator` process and `cachefs worker`
+processes, each "node" on its own loopback address (127.0.0.2, .3, …) with its own state dir,
+RAM-tier dir and FUSE mount. Started with the same CLI a user runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from cachefs.client import CoordinatorClient
+from tests.fakes.moto import free_port
+from tests.worker_process import REPO_ROOT, WorkerProcess
+
+TOKEN = "test-token-0123456789"
+HEARTBEAT = "0.3s"
+DOWN_AFTER = "1.5s"
+
+
+class CoordinatorProcess:
+    def __init__(self, base_dir: str, *, store: str | None = None, env: dict | None = None):
+        self.base_dir = base_dir
+        self.state = os.path.join(base_dir, "coordinator")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.store = store
+        self.env = {**os.environ, **(env or {}), "CACHEFS_TOKEN": TOKEN}
+        self.env["PYTHONPATH"] = REPO_ROOT + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.proc: subprocess.Popen | None = None
+        self.log_path = os.path.join(base_dir, "coordinator.log")
+        self.client = CoordinatorClient(self.url, TOKEN, timeout=30)
+
+    def start(self, timeout: float = 30.0) -> CoordinatorProcess:
+        os.makedirs(self.base_dir, exist_ok=True)
+        args = [
+            sys.executable, "-m", "cachefs", "coordinator", "--state", self.state,
+            "--listen", f"127.0.0.1:{self.port}",
+            "--heartbeat-interval", HEARTBEAT, "--down-after", DOWN_AFTER,
+        ]  # fmt: skip
+        if self.store:
+            args += ["--store", self.store]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"coordinator exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"coordinator did not come up in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()[-5000:]
+        except FileNotFoundError:
+            return ""
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        self.client.close()
+
+
+class ClusterWorker(WorkerProcess):
+    """`cachefs worker` on its own loopback address."""
+
+    def __init__(
+        self,
+        base_dir: str,
+        node: str,
+        address: str,
+        coordinator: CoordinatorProcess,
+        *,
+        ram: str = "256MiB",
+        peer_timeout: str = "1s",
+        env: dict | None = None,
+    ):
+        self.node = node
+        self.address = address
+        super().__init__(
+            base_dir,
+            ram=ram,
+            env={**(env or {}), "CACHEFS_TOKEN": TOKEN},
+            command=(
+                "worker", "--coordinator", coordinator.url, "--node", node,
+                "--listen", address, "--heartbeat-interval", HEARTBEAT,
+                "--peer-timeout", peer_timeout, "--preload-processes", "1",
+            ),
+        )  # fmt: skip
+
+
+class Cluster:
+    """A coordinator and ``nodes`` workers named n1…nN on 127.0.0.2…"""
+
+    def __init__(
+        self,
+        base_dir: str,
+        nodes: int,
+        *,
+        store: str | None = None,
+        env: dict | None = None,
+        ram: str = "256MiB",
+    ):
+        self.base_dir = base_dir
+        self.coordinator = CoordinatorProcess(base_dir, store=store, env=env)
+        self.workers = [
+            ClusterWorker(
+                os.path.join(base_dir, f"n{i}"),
+                f"n{i}",
+                f"127.0.0.{i + 1}:{free_port(f'127.0.0.{i + 1}')}",
+                self.coordinator,
+                env=env,
+                ram=ram,
+            )
+            for i in range(1, nodes + 1)
+        ]
+
+    def start(self) -> Cluster:
+        self.coordinator.start()
+        for worker in self.workers:
+            worker.start()
+        expected = len(self.workers)
+        wait_for(lambda: sum(n["state"] == "up" for n in self.client.nodes()) == expected, "nodes")
+        return self
+
+    @property
+    def client(self) -> CoordinatorClient:
+        return self.coordinator.client
+
+    def add_dataset(self, name: str, uri: str, **options) -> dict:
+        result = self.client.add_dataset({"name": name, "uri": uri, **options})
+        for worker in self.workers:
+            if worker.proc is not None:
+                wait_for(lambda w=worker: os.path.isdir(w.path(name)), f"{name} on {worker.node}")
+        return result
+
+    def preload(self, name: str, timeout: float = 120.0, **selection) -> dict:
+        self.client.preload(name, **selection)
+        return self.wait_preload(name, timeout)
+
+    def wait_preload(self, name: str, timeout: float = 120.0) -> dict:
+        job = {}
+
+        def over() -> bool:
+            nonlocal job
+            job = self.client.preload_status(name)
+            return job["state"] not in ("running", "scheduled")
+
+        wait_for(over, f"preload of {name}", timeout)
+        return job
+
+    def cleanup(self) -> None:
+        for worker in self.workers:
+            worker.cleanup()
+        self.coordinator.cleanup()
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+def wait_for(condition, what: str, timeout: float = 30.0, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except Exception:  # the thing waited for may not answer yet
+            pass
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
