@@ -416,6 +416,28 @@ def test_evict_source_removes_every_block_of_that_source(make_cache):
     assert cache.evict_source(1) == 0
 
 
+def test_cached_bytes_by_shard_follows_admissions_removals_and_reopens(make_cache):
+    """What heartbeats report per shard: kept in step with every change, and rebuilt from the
+    index when the cache is opened again."""
+    cache = make_cache(ram=20 * BLOCK)
+    keys = [key(i, source_id=1) for i in range(10)]
+    for i, k in enumerate(keys):
+        cache.put(k, block_data(i))
+    cache.put(key(0, source_id=2), block_data(0))
+    expected: dict[int, int] = {}
+    for k in keys:
+        expected[k.shard] = expected.get(k.shard, 0) + BLOCK
+    assert cache.cached_bytes_by_shard(1) == expected
+    assert sum(cache.cached_bytes_by_shard(2).values()) == BLOCK
+
+    cache.evict(keys[0])
+    expected[keys[0].shard] -= BLOCK
+    expected = {shard: n for shard, n in expected.items() if n}
+    assert cache.cached_bytes_by_shard(1) == expected
+    cache.close()
+    assert make_cache(ram=20 * BLOCK).cached_bytes_by_shard(1) == expected
+
+
 # --- promotion ----------------------------------------------------------------------------------
 
 
