@@ -11,9 +11,13 @@ is a 503. Routes are plain ``def``: FastAPI runs them in threads, which is what 
 from __future__ import annotations
 
 import hmac
+import json
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,7 +63,9 @@ class PreloadIn(_Strict):
     )
     fraction: float | None = Field(None, gt=0, le=1, description="share of each shard's bytes")
     bytes: int | None = Field(None, gt=0, description="byte budget over the selection")
-    at: float | None = Field(None, ge=0, description="unix time to start (now if absent)")
+    at: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="unix time to start (now if absent)"
+    )
     copy_id: str | None = Field(None, alias="copy", pattern=NAME_PATTERN)
 
 
@@ -94,6 +100,16 @@ class HeartbeatIn(BaseModel):
     preloads: dict[str, dict[str, ShardReport]] = Field(default_factory=dict)
 
 
+# Documented on every authenticated route (the spec must name every status a route answers).
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "A domain rule refused the request; `detail` says which"},
+    401: {"description": "Missing or wrong bearer token"},
+    404: {"description": "No such dataset, node or preload job"},
+    409: {"description": "The dataset already exists"},
+    503: {"description": "The state store (or a locality source) is unavailable"},
+}
+
+
 def _status_of(exc: CachefsError) -> int:
     if isinstance(exc, DatasetNotFound | NodeNotFound | PreloadNotFound):
         return 404
@@ -122,6 +138,7 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         description="Datasets, nodes, preload jobs and the locality API of a cachefs cluster. "
         "Every route except /healthz and /metrics needs `Authorization: Bearer <token>`.",
     )
+
     def require_token(credentials: BearerCredentials) -> None:
         if credentials is None or not hmac.compare_digest(
             credentials.credentials.encode(), token.encode()
@@ -129,6 +146,13 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
             raise HTTPException(
                 401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
             )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each bad input, which may be no JSON at all (NaN,
+        # Infinity: Python's json reads them) and would turn the 422 into a 500.
+        errors = [{k: v for k, v in e.items() if k != "input"} for e in exc.errors()]
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
     @app.exception_handler(CachefsError)
     async def _cachefs_error(request: Request, exc: CachefsError) -> JSONResponse:
@@ -145,7 +169,11 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         body = metrics_text() if metrics_text else b""
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+    v1 = APIRouter(
+        prefix="/v1",
+        dependencies=[Depends(require_token), Depends(_utf8_body)],
+        responses=_ERRORS,
+    )
 
     @v1.get("/datasets", tags=["datasets"])
     def list_datasets() -> list[dict[str, Any]]:
@@ -232,10 +260,34 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     app.include_router(v1)
     source = CoordinatorLocality(cluster)
     app.include_router(
-        placement_router(source, source), dependencies=[Depends(require_token)], tags=["placement"]
+        placement_router(source, source),
+        dependencies=[Depends(require_token), Depends(_utf8_body)],
+        tags=["placement"],
+        responses=_ERRORS,
     )
     return app
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+async def _utf8_body(request: Request) -> None:
+    """Refuse a JSON body holding a lone surrogate ("\\ud800"): Python's json reads it, but no
+    answer that includes the string could be encoded, and a stored one would break every
+    later listing."""
+    body = await request.body()
+    if not _SURROGATE_ESCAPE.search(body):
+        return
+    try:
+        json.dumps(json.loads(body), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise HTTPException(
+            422, "the body holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+        ) from None
+    except ValueError:
+        return  # not JSON: the body's own validation says so
+
+
 def _is_shard(text: str) -> bool:
-    return text.isdigit() and int(text) < 1024
+    # isdigit() alone admits "²" (int() fails) and "١" (another script's 1).
+    return text.isascii() and text.isdigit() and int(text) < 1024

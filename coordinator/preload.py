@@ -10,6 +10,7 @@ cumulative, so a restarted coordinator catches up from the next round of heartbe
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from cachefs.errors import ConfigError
@@ -35,6 +36,8 @@ class Selection:
             raise ConfigError("give a fraction or a byte budget, not both")
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ConfigError("fraction must be in (0, 1]")
+        if self.at is not None and not math.isfinite(self.at):
+            raise ConfigError("the start time must be a finite unix time")
         if self.bytes is not None and self.bytes <= 0:
             raise ConfigError("the byte budget must be positive")
         for path in self.paths:

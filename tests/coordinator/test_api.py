@@ -1,0 +1,505 @@
+"""The coordinator's HTTP API served for real: ``create_app`` over a ``Cluster`` on a real LMDB
+store, served by hypercorn's trio worker on 127.0.0.1 (an OS-chosen port), spoken to with httpx.
+
+Auth on every /v1 route (and the placement route), none on /healthz, /metrics and the spec;
+malformed requests are 4xx with a message, never 5xx; the dataset, node and preload routes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+
+import httpx
+import pytest
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from cachefs.protocol import SHARDS, owner_table
+from coordinator.api import create_app
+from coordinator.cluster import Cluster
+from coordinator.state import LmdbStateStore
+
+TOKEN = "test-token-Zq9"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+METRICS = b"# HELP cachefs_test A test gauge\n# TYPE cachefs_test gauge\ncachefs_test 1.0\n"
+
+
+@dataclass
+class Api:
+    url: str
+    client: httpx.AsyncClient  # sends the token
+    cluster: Cluster
+
+    async def add(self, name: str = "imagenet", **fields) -> httpx.Response:
+        body = {"name": name, "uri": f"s3://bucket/{name}/", **fields}
+        return await self.client.post("/v1/datasets", json=body)
+
+    async def beat(self, node: str, **report) -> httpx.Response:
+        body = {"address": f"127.0.0.{int(node[1:]) + 1}:7070", **report}
+        return await self.client.post(f"/v1/nodes/{node}/heartbeat", json=body)
+
+
+@pytest.fixture
+async def api(tmp_path) -> AsyncIterator[Api]:
+    store = LmdbStateStore(tmp_path / "state")
+    try:
+        cluster = Cluster(store, heartbeat_interval_s=1.0)
+        app = create_app(cluster, TOKEN, metrics_text=lambda: METRICS)
+        config = HypercornConfig()
+        config.bind = ["127.0.0.1:0"]
+        config.accesslog = None
+        config.graceful_timeout = 1.0
+        shutdown = trio.Event()
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                partial(hypercorn_serve, app, config, shutdown_trigger=shutdown.wait)
+            )
+            url = binds[0]
+            assert url.startswith("http://127.0.0.1:")
+            async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as client:
+                yield Api(url, client, cluster)
+            shutdown.set()
+    finally:
+        store.close()
+
+
+def assert_client_error(response: httpx.Response, *statuses: int) -> None:
+    """A 4xx (one of ``statuses`` if given) with a message saying what is wrong."""
+    assert 400 <= response.status_code < 500, (response.status_code, response.text)
+    if statuses:
+        assert response.status_code in statuses, (response.status_code, response.text)
+    detail = response.json()["detail"]
+    assert detail, response.text
+
+
+# --- auth ----------------------------------------------------------------------------------------
+
+
+def fill(path: str) -> str:
+    return path.replace("{name}", "imagenet").replace("{node}", "n1").replace("{job_id}", "job-1")
+
+
+async def operations(api: Api) -> list[tuple[str, str]]:
+    response = await api.client.get("/openapi.json", headers={"Authorization": ""})
+    assert response.status_code == 200
+    spec = response.json()
+    return [
+        (method.upper(), fill(path))
+        for path, item in spec["paths"].items()
+        for method in item
+        if path.startswith("/v1/")
+    ]
+
+
+async def test_every_v1_route_needs_the_token(api: Api) -> None:
+    ops = await operations(api)
+    paths = {path for _, path in ops}
+    # The spec lists what the API promises; a route missing here would go unchecked.
+    for expected in (
+        "/v1/datasets",
+        "/v1/datasets/imagenet",
+        "/v1/datasets/imagenet/preload",
+        "/v1/datasets/imagenet/preload/resume",
+        "/v1/datasets/imagenet/preload/cancel",
+        "/v1/datasets/imagenet/refresh",
+        "/v1/datasets/imagenet/locality",
+        "/v1/preloads",
+        "/v1/preloads/job-1",
+        "/v1/nodes",
+        "/v1/nodes/n1",
+        "/v1/nodes/n1/heartbeat",
+        "/v1/locality",
+        "/v1/placement",
+    ):
+        assert expected in paths
+    assert len(ops) >= 17
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as anonymous:
+        for method, path in ops:
+            for headers in (
+                {},
+                {"Authorization": "Bearer wrong-token"},
+                {"Authorization": f"Bearer {TOKEN}x"},
+                {"Authorization": f"Basic {TOKEN}"},
+                {"Authorization": TOKEN},
+                {"Authorization": "Bearer"},
+                {"Authorization": "tëst".encode()},
+                {"Authorization": f"Bearer {TOKEN}\u00e9".encode()},
+            ):
+                # A valid body, so that only the token can be what is wrong.
+                response = await anonymous.request(method, path, headers=headers, json={})
+                assert response.status_code == 401, (method, path, headers, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert response.json()["detail"]
+    # Nothing was done.
+    assert api.cluster.datasets == {} and api.cluster.nodes == {}
+
+
+async def test_health_metrics_and_spec_need_no_token(api: Api) -> None:
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as anonymous:
+        health = await anonymous.get("/healthz")
+        assert health.status_code == 200
+        assert health.json() == {"ok": True, "cluster_id": api.cluster.cluster_id}
+        metrics = await anonymous.get("/metrics")
+        assert metrics.status_code == 200
+        assert metrics.content == METRICS
+        assert metrics.headers["content-type"].startswith("text/plain")
+        spec = await anonymous.get("/openapi.json")
+        assert spec.status_code == 200
+        assert spec.json()["info"]["title"] == "cachefs coordinator"
+    # With a wrong token they still answer.
+    assert (await api.client.get("/healthz", headers={"Authorization": "Bearer x"})).is_success
+
+
+async def test_metrics_without_a_metrics_function(tmp_path) -> None:
+    store = LmdbStateStore(tmp_path / "state")
+    try:
+        app = create_app(Cluster(store), TOKEN)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://coordinator") as c:
+            response = await c.get("/metrics")
+        assert response.status_code == 200 and response.content == b""
+    finally:
+        store.close()
+
+
+# --- datasets ------------------------------------------------------------------------------------
+
+
+async def test_dataset_lifecycle(api: Api) -> None:
+    client = api.client
+    assert (await client.get("/v1/datasets")).json() == []
+    created = await api.add("imagenet", block_size=1 << 20, region="eu-west-1")
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert (body["name"], body["uri"], body["block_size"]) == (
+        "imagenet",
+        "s3://bucket/imagenet/",
+        1 << 20,
+    )
+    assert body["region"] == "eu-west-1"
+    assert body["copies"] == [{"id": "A", "nodes": []}]
+
+    got = await client.get("/v1/datasets/imagenet")
+    assert got.status_code == 200 and got.json()["uri"] == "s3://bucket/imagenet/"
+    assert [d["name"] for d in (await client.get("/v1/datasets")).json()] == ["imagenet"]
+
+    duplicate = await api.add("imagenet")
+    assert_client_error(duplicate, 409)
+    assert duplicate.json()["kind"] == "DatasetExists"
+
+    refreshed = await client.post("/v1/datasets/imagenet/refresh")
+    assert refreshed.status_code == 200 and refreshed.json()["refresh_epoch"] == 1
+
+    locality = await client.get("/v1/datasets/imagenet/locality")
+    assert locality.status_code == 200
+    assert locality.json()["dataset"] == "imagenet" and locality.json()["nodes"] == []
+
+    removed = await client.delete("/v1/datasets/imagenet")
+    assert removed.status_code == 200 and removed.json() == {"name": "imagenet", "removed": True}
+    assert_client_error(await client.get("/v1/datasets/imagenet"), 404)
+    assert_client_error(await client.delete("/v1/datasets/imagenet"), 404)
+    assert (await client.get("/v1/datasets")).json() == []
+    assert (await api.add("imagenet")).status_code == 201
+
+
+async def test_unknown_things_are_404(api: Api) -> None:
+    client = api.client
+    for method, path in [
+        ("GET", "/v1/datasets/nope"),
+        ("DELETE", "/v1/datasets/nope"),
+        ("POST", "/v1/datasets/nope/refresh"),
+        ("GET", "/v1/datasets/nope/locality"),
+        ("GET", "/v1/datasets/nope/preload"),
+        ("POST", "/v1/datasets/nope/preload/resume"),
+        ("POST", "/v1/datasets/nope/preload/cancel"),
+        ("GET", "/v1/nodes/n9"),
+        ("GET", "/v1/preloads/nope-0000000000000-abcd"),
+    ]:
+        response = await client.request(method, path)
+        assert_client_error(response, 404)
+        assert response.json()["kind"] in ("DatasetNotFound", "NodeNotFound", "PreloadNotFound")
+    assert_client_error(await client.post("/v1/datasets/nope/preload", json={}), 404)
+    # A dataset with no preload job yet.
+    await api.add("imagenet")
+    response = await client.get("/v1/datasets/imagenet/preload")
+    assert_client_error(response, 404)
+    assert response.json()["kind"] == "PreloadNotFound"
+    assert_client_error(await client.get("/v1/no-such-route"), 404)
+
+
+BAD_DATASETS = [
+    {},
+    {"name": "x"},
+    {"uri": "s3://b/"},
+    {"name": 5, "uri": "s3://b/"},
+    {"name": None, "uri": "s3://b/"},
+    {"name": "../x", "uri": "s3://b/"},
+    {"name": "a/b", "uri": "s3://b/"},
+    {"name": ".hidden", "uri": "s3://b/"},
+    {"name": "", "uri": "s3://b/"},
+    {"name": "a" * 65, "uri": "s3://b/"},
+    {"name": "x" * 100_000, "uri": "s3://b/"},
+    {"name": "ok", "uri": ""},
+    {"name": "ok", "uri": "s3://b/" + "x" * 5000},
+    {"name": "ok", "uri": ["s3://b/"]},
+    {"name": "ok", "uri": "s3://b/", "bogus": 1},
+    {"name": "ok", "uri": "s3://b/", "extra": {"a": 1}},
+    {"name": "ok", "uri": "s3://b/", "slot": 3},
+    {"name": "ok", "uri": "s3://b/", "block_size": -1},
+    {"name": "ok", "uri": "s3://b/", "block_size": 1},
+    {"name": "ok", "uri": "s3://b/", "block_size": 1 << 40},
+    {"name": "ok", "uri": "s3://b/", "block_size": "big"},
+    {"name": "ok", "uri": "s3://b/", "timeout_s": 0},
+    {"name": "ok", "uri": "s3://b/", "timeout_s": -3},
+    {"name": "ok", "uri": "s3://b/", "timeout_s": 10_000},
+    {"name": "ok", "uri": "s3://b/", "refresh_interval_s": -1},
+    {"name": "ok", "uri": "s3://b/", "path_style": "maybe"},
+    {"name": "ok", "uri": "s3://b/", "region": "r" * 1000},
+    [],
+    ["name", "uri"],
+    "imagenet",
+    None,
+    12,
+]
+
+
+@pytest.mark.parametrize("body", BAD_DATASETS)
+async def test_malformed_dataset_bodies_are_4xx(api: Api, body) -> None:
+    response = await api.client.post("/v1/datasets", json=body)
+    assert_client_error(response, 400, 422)
+    assert api.cluster.datasets == {}
+
+
+RAW_BODIES = [
+    b"",
+    b"not json",
+    b'{"name": "ok", "uri": "s3://b/"',  # truncated
+    b'{"name": "ok", "uri": "s3://b/", "timeout_s": NaN}',
+    b'{"name": "ok", "uri": "s3://b/", "timeout_s": Infinity}',
+    b"\xff\xfe\x00garbage",
+    b"[" * 10_000 + b"]" * 10_000,
+]
+
+
+@pytest.mark.parametrize("raw", RAW_BODIES, ids=range(len(RAW_BODIES)))
+async def test_unparseable_bodies_are_4xx(api: Api, raw: bytes) -> None:
+    headers = {"Content-Type": "application/json"}
+    response = await api.client.post("/v1/datasets", content=raw, headers=headers)
+    assert_client_error(response, 400, 422)
+    await api.add("imagenet")
+    response = await api.client.post("/v1/datasets/imagenet/preload", content=raw, headers=headers)
+    assert_client_error(response, 400, 422)
+    response = await api.client.post("/v1/nodes/n1/heartbeat", content=raw, headers=headers)
+    assert_client_error(response, 400, 422)
+    assert api.cluster.nodes == {} and api.cluster.preloads == {}
+
+
+BAD_PRELOADS = [
+    {"fraction": 2.0},
+    {"fraction": 0},
+    {"fraction": -0.5},
+    {"fraction": "half"},
+    {"fraction": 0.5, "bytes": 1000},
+    {"bytes": -1},
+    {"bytes": 0},
+    {"bytes": 1.5},
+    {"paths": ["../x"]},
+    {"paths": ["a/../../etc"]},
+    {"paths": ["/abs"]},
+    {"paths": ["a\u0000b"]},
+    {"paths": "train"},
+    {"paths": [1, 2]},
+    {"paths": ["x" * 5000]},
+    {"paths": ["p"] * 1001},
+    {"at": -5},
+    {"at": "tomorrow"},
+    {"copy": "Z"},
+    {"copy": "../A"},
+    {"unknown": 1},
+    {"fraction": 0.5, "priority": "high"},
+]
+
+
+@pytest.mark.parametrize("body", BAD_PRELOADS)
+async def test_malformed_preload_bodies_are_4xx(api: Api, body) -> None:
+    await api.add("imagenet")
+    response = await api.client.post("/v1/datasets/imagenet/preload", json=body)
+    assert_client_error(response, 400, 422)
+    assert api.cluster.preloads == {}
+
+
+GOOD_SHARDS = {"shards": {"0": 10, "1023": 5}}
+BAD_HEARTBEATS = [
+    {},
+    {"address": "no-port"},
+    {"address": "host:port"},
+    {"address": "h:123456"},
+    {"address": "h:1/x"},
+    {"address": 7},
+    {"address": "h:1", "gpus": -1},
+    {"address": "h:1", "gpus": 10**6},
+    {"address": "h:1", "gpus": "eight"},
+    {"address": "h:1", "tiers": "ram"},
+    {"address": "h:1", "tiers": [{"name": "ram", "capacity": -1, "used": 0}]},
+    {"address": "h:1", "tiers": [{"name": "ram"}]},
+    {"address": "h:1", "tiers": [{"name": "r", "capacity": 1, "used": 0}] * 17},
+    {"address": "h:1", "datasets": {"d": {"shards": {"1024": 1}}}},
+    {"address": "h:1", "datasets": {"d": {"shards": {"-1": 1}}}},
+    {"address": "h:1", "datasets": {"d": {"shards": {"x": 1}}}},
+    {"address": "h:1", "datasets": {"d": {"shards": {" 1": 1}}}},
+    {"address": "h:1", "datasets": {"d": {"shards": {"1.0": 1}}}},
+    {"address": "h:1", "datasets": {"d": {"shards": {"²": 1}}}},
+    {"address": "h:1", "datasets": {"d": {"shards": {"١": 1}}}},
+    {"address": "h:1", "datasets": {"d": {"shards": {"99999999999999999999": 1}}}},
+    {"address": "h:1", "datasets": {"d": {"cached_bytes": -5}}},
+    {"address": "h:1", "datasets": {"d": {"shards": {"1": "lots"}}}},
+    {"address": "h:1", "datasets": ["d"]},
+    {"address": "h:1", "preloads": {"job": {"1024": {}}}},
+    {"address": "h:1", "preloads": {"job": {"-3": {}}}},
+    {"address": "h:1", "preloads": {"job": {"abc": {}}}},
+    {"address": "h:1", "preloads": {"job": {"²": {}}}},
+    {"address": "h:1", "preloads": {"job": {"0": {"done_bytes": -1}}}},
+    {"address": "h:1", "preloads": {"job": {"0": {"complete": "sort of"}}}},
+    {"address": "h:1", "preloads": {"job": []}},
+]
+
+
+@pytest.mark.parametrize("body", BAD_HEARTBEATS)
+async def test_malformed_heartbeats_are_4xx(api: Api, body) -> None:
+    response = await api.client.post("/v1/nodes/n1/heartbeat", json=body)
+    assert_client_error(response, 400, 422)
+    assert api.cluster.nodes == {}
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/datasets/-x"),
+        ("GET", "/v1/datasets/" + "a" * 65),
+        ("GET", "/v1/datasets/a%20b"),
+        ("GET", "/v1/datasets/%2E%2E%2Fx"),
+        ("DELETE", "/v1/datasets/.x"),
+        ("POST", "/v1/datasets/a%00b/refresh"),
+        ("GET", "/v1/nodes/-n"),
+        ("POST", "/v1/nodes/" + "n" * 65 + "/heartbeat"),
+        ("GET", "/v1/preloads/" + "j" * 201),
+    ],
+)
+async def test_bad_names_in_paths_are_4xx(api: Api, method: str, path: str) -> None:
+    response = await api.client.request(method, path, json={"address": "h:1"})
+    assert_client_error(response)
+    assert api.cluster.nodes == {}
+
+
+async def test_values_json_cannot_carry_are_refused(api: Api) -> None:
+    """Whatever is accepted must be answerable: an ``at`` of Infinity (Python's json reads it)
+    or a string with a lone surrogate would be stored and then break every later answer."""
+    await api.add("imagenet")
+    headers = {"Content-Type": "application/json"}
+    for raw in (
+        b'{"at": Infinity}',
+        b'{"at": NaN}',
+        b'{"paths": ["train/\\ud800"]}',
+    ):
+        response = await api.client.post(
+            "/v1/datasets/imagenet/preload", content=raw, headers=headers
+        )
+        assert_client_error(response, 400, 422)
+    raw = b'{"name": "coco", "uri": "s3://b/\\udfff"}'
+    assert_client_error(await api.client.post("/v1/datasets", content=raw, headers=headers))
+    raw = b'{"address": "h:1", "tiers": [{"name": "\\ud800", "capacity": 1, "used": 0}]}'
+    assert_client_error(
+        await api.client.post("/v1/nodes/n1/heartbeat", content=raw, headers=headers)
+    )
+    # Everything still answers.
+    for path in ("/v1/datasets", "/v1/preloads", "/v1/nodes", "/v1/locality"):
+        assert (await api.client.get(path)).status_code == 200, path
+
+
+# --- nodes and preload ---------------------------------------------------------------------------
+
+
+async def test_heartbeat_nodes_and_locality(api: Api) -> None:
+    await api.add("imagenet")
+    tiers = [{"name": "ram", "capacity": 1000, "used": 100}]
+    report = {"bytes": 1000, "files": 4, "cached_bytes": 250, **GOOD_SHARDS}
+    response = await api.beat("n1", gpus=8, tiers=tiers, datasets={"imagenet": report})
+    assert response.status_code == 200, response.text
+    view = response.json()
+    assert view["nodes"] == {"n1": {"address": "127.0.0.2:7070", "up": True}}
+    assert view["datasets"][0]["copies"] == {"A": ["n1"]}
+    assert view["cluster_id"] == api.cluster.cluster_id
+
+    node = (await api.client.get("/v1/nodes/n1")).json()
+    assert (node["state"], node["gpus"], node["tiers"]) == ("up", 8, tiers)
+    assert node["datasets"] == [{"dataset": "imagenet", "cached_bytes": 250, "fraction": 0.25}]
+    assert [n["node"] for n in (await api.client.get("/v1/nodes")).json()] == ["n1"]
+    locality = (await api.client.get("/v1/datasets/imagenet/locality")).json()
+    assert locality["cached_bytes"] == 250 and locality["fraction"] == 0.25
+    document = (await api.client.get("/v1/locality")).json()
+    assert document["datasets"]["imagenet"] == {"size": 1000, "nodes": {"n1": 250}}
+    assert document["nodes"]["n1"]["gpus"] == 8
+    placement = await api.client.post(
+        "/v1/placement", json={"name": "job", "dataset": "imagenet", "gpus": 2}
+    )
+    assert placement.status_code == 200, placement.text
+    assert placement.json()["placement"] == [{"node": "n1", "gpus": 2}]
+
+
+async def test_preload_over_http(api: Api) -> None:
+    client = api.client
+    await api.add("imagenet")
+    await api.beat("n1")
+    await api.beat("n2")
+    started = await client.post(
+        "/v1/datasets/imagenet/preload", json={"paths": ["train"], "fraction": 0.5}
+    )
+    assert started.status_code == 201, started.text
+    job = started.json()
+    assert job["state"] == "running"
+    assert job["selection"] == {"paths": ["train"], "fraction": 0.5, "bytes": None, "at": None}
+    assert (await client.get("/v1/datasets/imagenet/preload")).json()["id"] == job["id"]
+    assert (await client.get(f"/v1/preloads/{job['id']}")).json()["id"] == job["id"]
+    assert [j["id"] for j in (await client.get("/v1/preloads")).json()] == [job["id"]]
+
+    owners = owner_table("imagenet", ["n1", "n2"])
+    for node in ("n1", "n2"):
+        shards = {
+            str(s): {
+                "objects": 1,
+                "bytes": 10,
+                "done_objects": 1,
+                "done_bytes": 10,
+                "complete": True,
+            }
+            for s in range(SHARDS)
+            if owners[s] == node
+        }
+        view = (await api.beat(node, preloads={job["id"]: shards})).json()
+    assert view["preloads"] == []
+    status = (await client.get("/v1/datasets/imagenet/preload")).json()
+    assert status["state"] == "completed"
+    assert status["bytes_done"] == 10 * SHARDS
+
+    resumed = await client.post("/v1/datasets/imagenet/preload/resume")
+    assert resumed.status_code == 200
+    assert resumed.json()["id"] != job["id"] and resumed.json()["state"] == "running"
+    cancelled = await client.post("/v1/datasets/imagenet/preload/cancel")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["state"] == "cancelled"
+    assert cancelled.json()["id"] == resumed.json()["id"]
+
+    scheduled = await client.post(
+        "/v1/datasets/imagenet/preload", json={"bytes": 5000, "at": 4e9, "copy": "A"}
+    )
+    assert scheduled.status_code == 201 and scheduled.json()["state"] == "scheduled"
+
+    # The body is JSON all the way: no non-standard numbers in any answer.
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"non-standard JSON number {constant}")
+
+    for path in ("/v1/preloads", "/v1/datasets", "/v1/nodes", "/v1/locality"):
+        json.loads((await client.get(path)).text, parse_constant=refuse)
