@@ -1,5 +1,6 @@
 """The per-node worker: one trio nursery running the FUSE mount, the control API, the metrics
-endpoint and housekeeping. `cachefs up` runs this in the foreground.
+endpoint and housekeeping; in cluster mode (`cachefs worker`) also the peer block server, the
+heartbeat agent and the preloader. `cachefs up` runs it alone in the foreground.
 
 Lifecycle: take the state-directory lock → open the cache index and registry → open each
 dataset's snapshot → mount → serve until SIGINT/SIGTERM or `cachefs down` → unmount cleanly →
