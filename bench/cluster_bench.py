@@ -197,6 +197,19 @@ def sanity_notes(results: dict) -> list[str]:
         failed = {k: v for k, v in d.items() if k.startswith("peer_req_") and k != "peer_req_ok"}
         if any(failed.values()):
             notes.append(f"{label}: peer requests not ok: {_counts(failed)}")
+    preload = results.get("preload") or {}
+    expected = (results.get("cluster") or {}).get("preload_processes", 0) + 2
+    most: dict[str, int] = {}
+    for row in preload.get("timeline") or []:
+        for node, count in (row.get("helper_processes") or {}).items():
+            most[node] = max(most.get(node, 0), count)
+    crowded = {node: n for node, n in most.items() if n > expected}
+    if crowded:
+        notes.append(
+            "during the preload some workers ran more helper processes than `--preload-processes "
+            f"{expected - 2}` explains (expected at most {expected}: fetchers + forkserver + "
+            f"resource tracker): {_counts(crowded)}; see the progress table"
+        )
     placement = results.get("placement")
     if placement and not placement["all_nodes_match"]:
         notes.append(
@@ -289,12 +302,9 @@ def parse_proc_stat(text: str) -> tuple[int, int]:
     return int(fields[2]), int(fields[11]) + int(fields[12])
 
 
-def group_cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
-    """CPU seconds used so far by the live processes of each process group (name → pgid, the
-    leader's pid): ``name`` for the leader (a worker, moto, the coordinator), ``name:children``
-    for the rest of its group (a worker's forkserver and fetcher processes)."""
-    leaders = {pgid: 0 for pgid in groups.values()}
-    children = dict(leaders)
+def scan_groups(pgids: set[int]) -> dict[int, list[tuple[int, int]]]:
+    """(pid, CPU ticks) of every live process of each process group in ``pgids``."""
+    found: dict[int, list[tuple[int, int]]] = {pgid: [] for pgid in pgids}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -303,11 +313,25 @@ def group_cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
                 pgid, ticks = parse_proc_stat(stat.read())
         except (OSError, ValueError, IndexError):
             continue  # exited meanwhile
-        if pgid in leaders:
-            if int(entry.name) == pgid:
-                leaders[pgid] += ticks
-            else:
-                children[pgid] += ticks
+        if pgid in found:
+            found[pgid].append((int(entry.name), ticks))
+    return found
+
+
+def helper_processes(groups: dict[str, int]) -> dict[str, int]:
+    """Processes in each group besides its leader: for a worker, its forkserver, fetcher
+    processes and multiprocessing's resource tracker (``--preload-processes`` + 2 expected)."""
+    found = scan_groups(set(groups.values()))
+    return {name: sum(1 for pid, _ in found[pgid] if pid != pgid) for name, pgid in groups.items()}
+
+
+def group_cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by the live processes of each process group (name → pgid, the
+    leader's pid): ``name`` for the leader (a worker, moto, the coordinator), ``name:children``
+    for the rest of its group (a worker's forkserver and fetcher processes)."""
+    found = scan_groups(set(groups.values()))
+    leaders = {pgid: sum(t for pid, t in procs if pid == pgid) for pgid, procs in found.items()}
+    children = {pgid: sum(t for pid, t in procs if pid != pgid) for pgid, procs in found.items()}
     hz = os.sysconf("SC_CLK_TCK")
     cpu = {name: leaders[pgid] / hz for name, pgid in groups.items()}
     cpu.update({f"{name}:children": children[pgid] / hz for name, pgid in groups.items()})
@@ -694,7 +718,15 @@ def measure_preload(cluster: Cluster, setup: Setup, timeout: float) -> dict:
         over = job["state"] not in ("running", "scheduled")
         if over or not timeline or now - began - timeline[-1]["s"] >= 1.0:
             fetched = {n.name: fetched_blocks(n) for n in cluster.nodes}
-            timeline.append({"s": round(now - began, 2), "done": job["objects_done"], **fetched})
+            helpers = helper_processes({n.name: n.child.process.pid for n in cluster.nodes})
+            timeline.append(
+                {
+                    "s": round(now - began, 2),
+                    "done": job["objects_done"],
+                    **fetched,
+                    "helper_processes": helpers,
+                }
+            )
         if first_object_s is None and job["objects_done"]:
             first_object_s = now - began
         if over:
@@ -1124,6 +1156,11 @@ def render_markdown(results: dict) -> str:
         f"| {_cpu_per_object(pre)} | {_ratio(pre['objects_per_s'], raw['objects_per_s'])} |",
     ]
     window = (pre.get("fetch") or {}).get("all_nodes_fetching")
+    if pre.get("fetch") and not window:
+        lines.append(
+            "| cachefs preload, only while every node was fetching | | | | | | | | "
+            "| no sample with every node fetching |"
+        )
     if window:
         lines.append(
             f"| cachefs preload, only while every node was fetching ({window['from_s']:.1f}-"
@@ -1257,7 +1294,7 @@ def _render_timeline(
             for name, v in nodes_fetch.items()
         )
         starts += "."
-    nodes = [k for k in timeline[0] if k not in ("s", "done")]
+    nodes = [k for k in timeline[0] if k not in ("s", "done", "helper_processes")]
     step = max(1, math.ceil(len(timeline) / max_rows))
     rows = timeline[::step]
     if rows[-1] is not timeline[-1]:
@@ -1267,11 +1304,18 @@ def _render_timeline(
         "Preload progress: objects done as the coordinator counts them (heartbeats), and blocks "
         f"fetched by each node (its own counter).{starts}",
         "",
-        "| s | objects done | " + " | ".join(f"{n} fetched" for n in nodes) + " |",
+        "| s | objects done | "
+        + " | ".join(f"{n} fetched (helper processes)" for n in nodes)
+        + " |",
         "|---:|---:|" + "---:|" * len(nodes),
     ]
     for row in rows:
-        cells = ["—" if row.get(n) is None else f"{row[n]:,}" for n in nodes]
+        helpers = row.get("helper_processes") or {}
+        cells = [
+            ("—" if row.get(n) is None else f"{row[n]:,}")
+            + (f" ({helpers[n]})" if n in helpers else "")
+            for n in nodes
+        ]
         lines.append(f"| {row['s']:.1f} | {row['done']:,} | " + " | ".join(cells) + " |")
     return lines
 

@@ -14,6 +14,7 @@ instead (no extra processes; for small machines and tests).
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from concurrent.futures import ProcessPoolExecutor
 
 from cachefs.errors import CachefsError, StoreError
@@ -46,17 +47,24 @@ class FetcherPool:
     def __init__(self, processes: int):
         self.processes = processes
         self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()  # many preload threads call fetch(): one pool only
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    self.processes, mp_context=multiprocessing.get_context("forkserver")
+                )
+            return self._pool
 
     def fetch(self, config: StoreConfig, key: str, offset: int, length: int, etag: str) -> bytes:
         """Blocking: call from a thread. Raises StoreError (FetchFailed) with the reason."""
         if self.processes <= 0:
             result = fetch_range(config, key, offset, length, etag)
         else:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    self.processes, mp_context=multiprocessing.get_context("forkserver")
-                )
-            result = self._pool.submit(fetch_range, config, key, offset, length, etag).result()
+            result = (
+                self._executor().submit(fetch_range, config, key, offset, length, etag).result()
+            )
         if isinstance(result, tuple):
             raise FetchFailed(result[1])
         if len(result) != length:  # never admit a short read
@@ -64,9 +72,10 @@ class FetcherPool:
         return result
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         for store in _stores.values():
             store.close()
         _stores.clear()

@@ -215,7 +215,7 @@ def _results() -> dict:
             "first_object_done_s": 0.05,
             "timeline": [
                 {"s": 0.0, "done": 0, "n1": 0, "n2": None},
-                {"s": 1.01, "done": 12, "n1": 10, "n2": 20},
+                {"s": 1.01, "done": 12, "n1": 10, "n2": 20, "helper_processes": {"n1": 4, "n2": 4}},
             ],
             "cpu_busy_before": 0.1,
             "cpu_busy_during": 0.9,
@@ -254,6 +254,12 @@ def test_targets_and_notes():
     assert any("5 store GETs" in n for n in notes)
     assert evaluate({"preload": None}) == []
 
+    crowded = _results()
+    crowded["preload"]["timeline"][1]["helper_processes"]["n2"] = 13  # 6 process pools
+    notes = sanity_notes(crowded)
+    assert len(notes) == 1
+    assert "expected at most 4" in notes[0] and "n2 13" in notes[0]
+
 
 def test_node_summary_per_node():
     summary = node_summary(_results()["reads"])
@@ -285,9 +291,12 @@ def test_markdown_and_files(tmp_path):
     assert "| n1 | 1,000 | 200 | 273 |" in text
     assert "| **all** | 30 | 3,000 | 3,000 | yes |" in text
     assert "FUSE no-open mode: on" in text
-    assert "| s | objects done | n1 fetched | n2 fetched |" in text
+    assert (
+        "| s | objects done | n1 fetched (helper processes) | n2 fetched (helper processes) |"
+        in (text)
+    )
     assert "| 0.0 | 0 | 0 | — |" in text
-    assert "| 1.0 | 12 | 10 | 20 |" in text
+    assert "| 1.0 | 12 | 10 (4) | 20 (4) |" in text
     assert "`.venv/bin/python -m bench.cluster_bench --files 30`" in text
 
     written = write_results(results, json_path=None, save_dir=str(tmp_path / "out"))
