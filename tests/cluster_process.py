@@ -15,7 +15,7 @@ import httpx
 
 from cachefs.client import CoordinatorClient
 from tests.fakes.moto import free_port
-from tests.worker_process import REPO_ROOT, WorkerProcess
+from tests.worker_process import REPO_ROOT, WorkerProcess, log_tail
 
 TOKEN = "test-token-0123456789"
 HEARTBEAT = "0.3s"
@@ -59,11 +59,7 @@ class CoordinatorProcess:
         raise RuntimeError(f"coordinator did not come up in {timeout}s:\n{self.log()}")
 
     def log(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()[-5000:]
-        except FileNotFoundError:
-            return ""
+        return log_tail(self.log_path)
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -27,6 +27,15 @@ def drop_page_cache() -> None:
         f.write("3\n")
 
 
+def log_tail(path: str) -> str:
+    """The end of a child process's log, for failure messages ("" if there is none yet)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-5000:]
+    except FileNotFoundError:
+        return ""
+
+
 def force_unmount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True, check=False)
 
@@ -100,11 +109,7 @@ class WorkerProcess:
         raise RuntimeError(f"worker did not come up in {timeout}s:\n{self.log()}")
 
     def log(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()[-5000:]
-        except FileNotFoundError:
-            return ""
+        return log_tail(self.log_path)
 
     def stop(self, timeout: float = 30.0) -> None:
         """`cachefs down` equivalent: clean unmount, state kept."""
