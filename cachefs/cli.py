@@ -134,7 +134,12 @@ def cmd_coordinator(args) -> int:
         token_file=args.token_file,
         heartbeat_interval_s=parse_duration(args.heartbeat_interval),
         down_after_s=parse_duration(args.down_after) if args.down_after else None,
+        job_lease_s=parse_duration(args.job_lease),
+        lru_high_watermark=args.lru_high_watermark,
+        fill_timeout_s=parse_duration(args.fill_timeout),
     )
+    if not 0 < config.lru_high_watermark <= 1:
+        raise ConfigError("--lru-high-watermark must be in (0, 1]")
     print(f"cachefs: coordinator on http://{args.listen} (state {args.state})", file=sys.stderr)
     trio.run(serve, config)
     return 0
@@ -145,6 +150,10 @@ def _require_coordinator(args) -> str:
     if not url:
         raise ConfigError("no coordinator: pass --coordinator URL or set CACHEFS_COORDINATOR")
     return url
+
+
+def _cluster_client(args) -> CoordinatorClient:
+    return CoordinatorClient(_require_coordinator(args), find_token(args.token_file, args.state))
 
 
 def _coordinator(args) -> CoordinatorClient | None:
@@ -216,13 +225,22 @@ def _print_datasets(datasets: list[dict]) -> None:
     for ds in datasets:
         if "copies" in ds:  # the coordinator's view of a dataset
             cached = f"{format_size(ds['cached_bytes'])} {_fraction(ds['cached_fraction'])}"
-            copies = "; ".join(
-                f"copy {c['id']}: {','.join(c['nodes']) or '-'}" for c in ds["copies"]
-            )
             print(
                 f"{ds['name']:<16} {ds['files']:>9} {format_size(ds['bytes']):>10}"
-                f"  {cached:<17} {'':>7}  {ds['uri']}  ({copies})"
+                f"  {cached:<17} {'':>7}  {ds['uri']}"
             )
+            limit = ds.get("max_jobs_per_copy") or "no limit"
+            print(
+                f"{'':16}   jobs: {ds['jobs']['running']} running, {ds['jobs']['suspended']} "
+                f"suspended; {limit} per copy, then {ds['overflow']}; cleanup {ds['cleanup']}"
+                f"; {format_size(ds['freed_bytes'])} freed"
+            )
+            for c in ds["copies"]:
+                fill = f"  filling ({c['fill']['reason']})" if c["fill"] else ""
+                print(
+                    f"{'':16}   copy {c['id']}: {','.join(c['nodes']) or '-'}  "
+                    f"{c['running_jobs']} jobs, cache {_fraction(c['used_ratio'])} used{fill}"
+                )
             continue
         if ds["state"] != "ready":
             print(f"{ds['name']:<16} ({ds['state']}: {ds.get('error')})  {ds['uri']}")
@@ -250,15 +268,147 @@ def cmd_dataset_add(args) -> int:
         "timeout_s": parse_duration(args.timeout),
         "refresh_interval_s": parse_duration(args.refresh_every) if args.refresh_every else None,
     }
+    sharing = {
+        "max_jobs_per_copy": args.max_jobs_per_copy,
+        "overflow": args.overflow,
+        "cleanup": args.cleanup,
+        "nodes": _names(args.nodes) if args.nodes else None,
+    }
     cluster = _coordinator(args)
     if cluster is not None:
         with cluster:
-            result = cluster.add_dataset({k: v for k, v in spec.items() if v is not None})
+            body = {k: v for k, v in {**spec, **sharing}.items() if v is not None}
+            result = cluster.add_dataset(body)
         _print_result(args, result, f"dataset {args.name!r} added; workers are mounting it")
         return 0
+    given = [f"--{k.replace('_', '-')}" for k, v in sharing.items() if v is not None]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} need a coordinator (jobs, copies and cleanup are the "
+            "coordinator's): pass --coordinator URL or set CACHEFS_COORDINATOR"
+        )
     with ControlClient(args.state) as client:
         result = client.add_dataset(spec)
     _print_result(args, result, f"dataset {args.name!r} added")
+    return 0
+
+
+def _names(values: list[str] | None) -> list[str]:
+    """Node names from repeated and/or comma-separated options."""
+    return [name for value in values or [] for name in value.split(",") if name]
+
+
+# --- jobs, scaling, events (the coordinator's CacheManager) ------------------------------------
+
+
+def _job_line(job: dict) -> str:
+    if job["state"] == "suspended":
+        return f"{job['id']}: suspended (position {job['position']}): {job['explanation']}"
+    where = f"a new copy {job['copy']}" if job["cloned"] else f"copy {job['copy']}"
+    return f"{job['id']}: running on {','.join(job['nodes'])} ({where})"
+
+
+def cmd_job_submit(args) -> int:
+    lease_s = parse_duration(args.lease) if args.lease is not None else None
+    with _cluster_client(args) as client:
+        job = client.submit_job(
+            args.job,
+            args.dataset,
+            args.nodes,
+            candidates=_names(args.candidates) or None,
+            lease_s=lease_s,
+        )
+        if not args.json:
+            print(_job_line(job))
+            if args.explain:
+                for row in job["ranking"]:
+                    print(f"  {row['node']:<16} {row['why']}")
+        if args.wait and job["state"] == "suspended":
+            job = _wait_for_promotion(client, job, quiet=args.json)
+    if args.json:
+        print(json.dumps(job, indent=2))
+    return 0
+
+
+def _wait_for_promotion(client: CoordinatorClient, job: dict, *, quiet: bool) -> dict:
+    """Long-poll until the job runs; each poll renews its lease."""
+    while job["state"] == "suspended":
+        job = client.job(job["id"], wait_s=30)
+    if not quiet:
+        print(f"{_job_line(job)}  (waited {job['waited_s']:.1f} s)")
+    return job
+
+
+def cmd_job_show(args) -> int:
+    with _cluster_client(args) as client:
+        job = client.job(args.job)
+        if args.wait and job["state"] == "suspended":
+            job = _wait_for_promotion(client, job, quiet=True)
+    if args.json:
+        print(json.dumps(job, indent=2))
+        return 0
+    print(_job_line(job))
+    print(f"  {job['explanation']}")
+    for row in job["ranking"]:
+        print(f"  {row['node']:<16} {row['why']}")
+    return 0
+
+
+def cmd_job_ls(args) -> int:
+    with _cluster_client(args) as client:
+        jobs = client.jobs(args.dataset)
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    print("JOB              DATASET          STATE      COPY  WAITED   NODES / POSITION")
+    for job in jobs:
+        where = ",".join(job["nodes"]) if job["state"] == "running" else f"#{job['position']}"
+        print(
+            f"{job['id']:<16} {job['dataset']:<16} {job['state']:<10} {job['copy'] or '-':<5}"
+            f" {job['waited_s']:>6.1f}s  {where}"
+        )
+    return 0
+
+
+def cmd_job_renew(args) -> int:
+    with _cluster_client(args) as client:
+        job = client.renew_job(args.job)
+    _print_result(args, job, f"{args.job}: lease renewed ({job['lease_expires_in_s']} s left)")
+    return 0
+
+
+def cmd_job_release(args) -> int:
+    with _cluster_client(args) as client:
+        result = client.release_job(args.job)
+    promoted = ", ".join(result["promoted"])
+    summary = f"{args.job} released" + (f"; promoted {promoted}" if promoted else "")
+    _print_result(args, result, summary)
+    return 0
+
+
+def cmd_scale(args) -> int:
+    add, remove = _names(args.add), _names(args.remove)
+    if not add and not remove:
+        raise ConfigError("scale needs --add and/or --remove")
+    with _cluster_client(args) as client:
+        result = client.scale(args.dataset, args.copy, add=add, remove=remove)
+    copy = next(c for c in result["copies"] if c["id"] == args.copy)
+    summary = f"copy {args.copy} of {args.dataset}: {','.join(copy['nodes'])}"
+    if "moved_shards" in result:
+        summary += f"; {result['moved_shards']} shards change owner and are handed off"
+    _print_result(args, result, summary)
+    return 0
+
+
+def cmd_events(args) -> int:
+    with _cluster_client(args) as client:
+        events = client.events(args.dataset, args.limit)
+    if args.json:
+        print(json.dumps(events, indent=2))
+        return 0
+    for event in events:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event["at"]))
+        print(f"{at}  {event['kind']:<8} {event['message']}")
     return 0
 
 
@@ -544,7 +694,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     coord.add_argument("--heartbeat-interval", default="2s")
     coord.add_argument("--down-after", help="mark a node down after this long without heartbeats")
+    coord.add_argument(
+        "--job-lease", default="10m", help="release a job not renewed for this long (0: never)"
+    )
+    coord.add_argument(
+        "--lru-high-watermark",
+        type=float,
+        default=0.9,
+        help="lru cleanup frees datasets on a node whose cache is this full (0-1)",
+    )
+    coord.add_argument("--fill-timeout", default="1h", help="give up a clone fill or hand-off")
     coord.set_defaults(func=cmd_coordinator)
+
+    _add_job_commands(sub)
 
     preload = sub.add_parser(
         "preload",
@@ -600,6 +762,52 @@ def _accept_global_options_anywhere(parser: argparse.ArgumentParser) -> None:
                 pending.append(subparser)
 
 
+def _add_job_commands(sub) -> None:
+    job = sub.add_parser("job", help="training jobs sharing cached copies").add_subparsers(
+        dest="job_command", required=True
+    )
+    submit = job.add_parser("submit", help="register a job: placed on a copy, or suspended")
+    submit.add_argument("job", help="the job's name")
+    submit.add_argument("--dataset", required=True)
+    submit.add_argument("--nodes", type=int, default=1, help="how many nodes it runs on")
+    submit.add_argument("--candidates", action="append", help="nodes it may run on (default all)")
+    submit.add_argument("--lease", help="released unless renewed within this (default: the "
+                        "coordinator's --job-lease; 0: never)")  # fmt: skip
+    submit.add_argument("--wait", action="store_true", help="if suspended, wait until it runs")
+    submit.add_argument("--explain", action="store_true", help="show every candidate's rank")
+    submit.add_argument("--json", action="store_true")
+    submit.set_defaults(func=cmd_job_submit)
+    for name, func, text in [
+        ("show", cmd_job_show, "one job, with the ranking of its nodes"),
+        ("renew", cmd_job_renew, "renew a job's lease"),
+        ("release", cmd_job_release, "release a job; the next suspended one is placed"),
+    ]:
+        verb = job.add_parser(name, help=text)
+        verb.add_argument("job")
+        verb.add_argument("--json", action="store_true")
+        if name == "show":
+            verb.add_argument("--wait", action="store_true", help="wait until it runs")
+        verb.set_defaults(func=func)
+    ls = job.add_parser("ls", help="running and suspended jobs")
+    ls.add_argument("--dataset")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_job_ls)
+
+    scale = sub.add_parser("scale", help="add or remove nodes of a dataset's copy")
+    scale.add_argument("dataset")
+    scale.add_argument("--copy", default="A", help="copy id (default A)")
+    scale.add_argument("--add", action="append", help="nodes to add (comma-separated)")
+    scale.add_argument("--remove", action="append", help="nodes to remove (comma-separated)")
+    scale.add_argument("--json", action="store_true")
+    scale.set_defaults(func=cmd_scale)
+
+    events = sub.add_parser("events", help="what the coordinator did: jobs, clones, cleanup")
+    events.add_argument("--dataset")
+    events.add_argument("--limit", type=int, default=50)
+    events.add_argument("--json", action="store_true")
+    events.set_defaults(func=cmd_events)
+
+
 def _add_worker_options(up: argparse.ArgumentParser) -> None:
     up.add_argument("--mount", default="/mnt/cachefs", help="mountpoint (default /mnt/cachefs)")
     up.add_argument("--ram", default="2GiB", help="RAM tier capacity (default 2GiB)")
@@ -649,6 +857,12 @@ def _add_other_commands(sub) -> None:
     add.add_argument("--block-size", default=str(DEFAULT_BLOCK_SIZE))
     add.add_argument("--timeout", default="30s", help="per store request")
     add.add_argument("--refresh-every", help="refresh the snapshot periodically, e.g. 1h")
+    add.add_argument("--max-jobs-per-copy", type=int, help="running jobs sharing one copy")
+    add.add_argument(
+        "--overflow", choices=["suspend", "clone"], help="a job over the limit (default suspend)"
+    )
+    add.add_argument("--cleanup", help="lock (default), lru or ttl:<duration>, e.g. ttl:6h")
+    add.add_argument("--nodes", action="append", help="nodes of the first copy (default all)")
     add.add_argument("--json", action="store_true")
     add.set_defaults(func=cmd_dataset_add)
     ls = dataset.add_parser("ls", help="list datasets")

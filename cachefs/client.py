@@ -155,6 +155,7 @@ class CoordinatorClient:
 
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0):
         self.url = url.rstrip("/")
+        self.timeout = timeout
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
@@ -240,3 +241,46 @@ class CoordinatorClient:
 
     def heartbeat(self, node: str, report: dict) -> dict:
         return self._request("POST", f"/v1/nodes/{node}/heartbeat", json=report)
+
+    # --- jobs and copies (the CacheManager) -----------------------------------------------------
+
+    def submit_job(
+        self,
+        job: str,
+        dataset: str,
+        nodes: int,
+        *,
+        candidates: list[str] | None = None,
+        lease_s: float | None = None,
+    ) -> dict:
+        body = {"id": job, "dataset": dataset, "nodes": nodes, "candidates": candidates}
+        if lease_s is not None:
+            body["lease_s"] = lease_s
+        return self._request("POST", "/v1/jobs", json=body)
+
+    def jobs(self, dataset: str | None = None) -> list[dict]:
+        params = {"dataset": dataset} if dataset else {}
+        return self._request("GET", "/v1/jobs", params=params)
+
+    def job(self, job: str, *, wait_s: float = 0) -> dict:
+        """The job; with ``wait_s`` a long-poll that returns as soon as a suspended job is
+        promoted (or after ``wait_s``), renewing its lease."""
+        return self._request(
+            "GET", f"/v1/jobs/{job}", params={"wait": wait_s}, timeout=self.timeout + wait_s
+        )
+
+    def renew_job(self, job: str) -> dict:
+        return self._request("POST", f"/v1/jobs/{job}/heartbeat")
+
+    def release_job(self, job: str) -> dict:
+        return self._request("DELETE", f"/v1/jobs/{job}")
+
+    def scale(
+        self, dataset: str, copy: str, *, add: list[str] = (), remove: list[str] = ()
+    ) -> dict:
+        body = {"add": list(add), "remove": list(remove)}
+        return self._request("POST", f"/v1/datasets/{dataset}/copies/{copy}/scale", json=body)
+
+    def events(self, dataset: str | None = None, limit: int = 100) -> list[dict]:
+        params = {"limit": limit, **({"dataset": dataset} if dataset else {})}
+        return self._request("GET", "/v1/events", params=params)

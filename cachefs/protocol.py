@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 import xxhash
 
 from cachefs.errors import ConfigError
+from cachefs.units import parse_duration
 
 DEFAULT_BLOCK_SIZE = 4 << 20
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -40,6 +41,10 @@ class DatasetSpec:
     block_size: int = DEFAULT_BLOCK_SIZE
     timeout_s: float = 30.0  # per store request (connect + read); retries fit in 2x this
     refresh_interval_s: float | None = None  # periodic snapshot refresh; None = explicit only
+    # Sharing and cleanup, enforced by the coordinator's CacheManager:
+    max_jobs_per_copy: int | None = None  # running jobs per cached copy; None = no limit
+    overflow: str = "suspend"  # a job over the limit: "suspend" it, or "clone" the copy
+    cleanup: str = "lock"  # "lock" (never freed), "ttl:<duration>" (idle copy) or "lru"
     # Filled in by the registry:
     slot: int = 0  # inode-space slot under the mount (never reused while the state dir lives)
     generation: int = 0  # snapshot generation currently served
@@ -63,7 +68,48 @@ class DatasetSpec:
             raise ConfigError("block_size must be between 64 KiB and 64 MiB")
         if not isinstance(spec.timeout_s, int | float) or not 0 < spec.timeout_s <= 600:
             raise ConfigError("timeout_s must be in (0, 600] seconds")
+        limit = spec.max_jobs_per_copy
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ConfigError(f"max_jobs_per_copy must be a positive integer, got {limit!r}")
+        if spec.overflow not in OVERFLOW_POLICIES:
+            raise ConfigError(
+                f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {spec.overflow!r}"
+            )
+        CleanupPolicy.parse(spec.cleanup)
         return spec
+
+
+OVERFLOW_POLICIES = ("suspend", "clone")
+
+
+@dataclass(frozen=True)
+class CleanupPolicy:
+    """When a dataset's cached blocks may be freed (the reserve is never freed):
+
+    - ``lock``: never;
+    - ``ttl:<duration>``: a copy that no job used and no node read for that long is freed;
+    - ``lru``: under capacity pressure on a node, the least recently used such dataset first.
+    """
+
+    kind: str
+    ttl_s: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> CleanupPolicy:
+        if not isinstance(text, str):
+            raise ConfigError(f"cleanup must be lock, lru or ttl:<duration>, got {text!r}")
+        if text in ("lock", "lru"):
+            return cls(text)
+        if text.startswith("ttl:"):
+            try:
+                ttl_s = parse_duration(text[4:])
+            except ConfigError:
+                ttl_s = 0.0
+            if ttl_s > 0:
+                return cls("ttl", ttl_s)
+        raise ConfigError(
+            f"cleanup must be lock, lru or ttl:<duration> (e.g. ttl:6h), got {text!r}"
+        )
 
 
 # --- the distributed cache: shards and their owners ----------------------------------------------

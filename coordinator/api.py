@@ -13,9 +13,10 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -26,6 +27,7 @@ from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotF
 from cachefs.protocol import DEFAULT_BLOCK_SIZE, DatasetSpec
 
 from .cluster import Cluster, NodeNotFound, PreloadNotFound
+from .manager import CopyBusy, JobExists, JobNotFound
 from .preload import Selection
 from .scheduling.http import placement_router
 from .scheduling.sources import InMemorySource, parse_locality_document
@@ -38,6 +40,9 @@ BearerCredentials = Annotated[
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, description="dataset name")]
 NodeName = Annotated[str, Path(pattern=NAME_PATTERN, description="node name")]
+JobName = Annotated[str, Path(pattern=NAME_PATTERN, description="job name")]
+CopyName = Annotated[str, Path(pattern=NAME_PATTERN, description="copy id (A, B, …)")]
+NodeList = list[Annotated[str, Field(pattern=NAME_PATTERN)]]
 
 
 class _Strict(BaseModel):
@@ -55,6 +60,42 @@ class DatasetIn(_Strict):
     block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=64 << 10, le=64 << 20)
     timeout_s: float = Field(30.0, gt=0, le=600)
     refresh_interval_s: float | None = Field(None, gt=0, le=365 * 86400)
+    max_jobs_per_copy: int | None = Field(
+        None, ge=1, le=1 << 20, description="running jobs per cached copy (no limit if absent)"
+    )
+    overflow: Literal["suspend", "clone"] = Field(
+        "suspend", description="a job over the limit: queue it, or clone the copy for it"
+    )
+    cleanup: str = Field(
+        "lock",
+        pattern=r"^(lock|lru|ttl:[0-9.]+(ms|s|m|h|d)?)$",
+        description="lock (never freed), lru (under cache pressure) or ttl:<duration>",
+    )
+    nodes: NodeList | None = Field(
+        None, min_length=1, max_length=4096, description="nodes of the first copy (all if absent)"
+    )
+
+
+class JobIn(_Strict):
+    id: str = Field(pattern=NAME_PATTERN, description="the job's name, unique while it lives")
+    dataset: str = Field(pattern=NAME_PATTERN)
+    nodes: int = Field(1, ge=1, le=4096, description="how many nodes the job runs on")
+    candidates: NodeList | None = Field(
+        None, max_length=4096, description="S2: nodes the job may run on (all live if absent)"
+    )
+    lease_s: float | None = Field(
+        None,
+        ge=0,
+        le=30 * 86400,
+        allow_inf_nan=False,
+        description="released unless renewed within this many seconds; 0 = never "
+        "(default: the coordinator's --job-lease)",
+    )
+
+
+class ScaleIn(_Strict):
+    add: NodeList = Field(default_factory=list, max_length=4096)
+    remove: NodeList = Field(default_factory=list, max_length=4096)
 
 
 class PreloadIn(_Strict):
@@ -80,6 +121,22 @@ class DatasetReport(BaseModel):
     files: int = Field(0, ge=0)
     cached_bytes: int = Field(0, ge=0)
     shards: dict[str, int] = Field(default_factory=dict)
+    last_read_at: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
+class FillReport(BaseModel):
+    copy_id: str = Field(alias="copy", max_length=64)
+    id: str = Field(max_length=128)
+    done: bool = False
+    copied_blocks: int = Field(0, ge=0)
+    copied_bytes: int = Field(0, ge=0)
+    absent_blocks: int = Field(0, ge=0)
+    failed_blocks: int = Field(0, ge=0)
+
+
+class TaskResult(BaseModel):
+    freed_bytes: int = Field(0, ge=0)
+    error: str | None = Field(None, max_length=4096)
 
 
 class ShardReport(BaseModel):
@@ -98,22 +155,24 @@ class HeartbeatIn(BaseModel):
     tiers: list[TierReport] = Field(default_factory=list, max_length=16)
     datasets: dict[str, DatasetReport] = Field(default_factory=dict)
     preloads: dict[str, dict[str, ShardReport]] = Field(default_factory=dict)
+    fills: dict[str, FillReport] = Field(default_factory=dict)
+    tasks_done: dict[str, TaskResult] = Field(default_factory=dict)
 
 
 # Documented on every authenticated route (the spec must name every status a route answers).
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "A domain rule refused the request; `detail` says which"},
     401: {"description": "Missing or wrong bearer token"},
-    404: {"description": "No such dataset, node or preload job"},
-    409: {"description": "The dataset already exists"},
+    404: {"description": "No such dataset, node, job or preload job"},
+    409: {"description": "The dataset or job already exists, or the copy is still filling"},
     503: {"description": "The state store (or a locality source) is unavailable"},
 }
 
 
 def _status_of(exc: CachefsError) -> int:
-    if isinstance(exc, DatasetNotFound | NodeNotFound | PreloadNotFound):
+    if isinstance(exc, DatasetNotFound | NodeNotFound | PreloadNotFound | JobNotFound):
         return 404
-    if isinstance(exc, DatasetExists):
+    if isinstance(exc, DatasetExists | JobExists | CopyBusy):
         return 409
     if isinstance(exc, StateStoreError):
         return 503
@@ -181,7 +240,9 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
 
     @v1.post("/datasets", tags=["datasets"], status_code=201)
     def add_dataset(body: DatasetIn) -> dict[str, Any]:
-        return cluster.add_dataset(DatasetSpec.from_json(body.model_dump()))
+        fields = body.model_dump()
+        nodes = fields.pop("nodes")
+        return cluster.add_dataset(DatasetSpec.from_json(fields), nodes)
 
     @v1.get("/datasets/{name}", tags=["datasets"])
     def get_dataset(name: DatasetName) -> dict[str, Any]:
@@ -219,6 +280,68 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         """Run the latest job's selection again: cached blocks are skipped, failures retried."""
         return cluster.resume_preload(name)
 
+    @v1.post("/datasets/{name}/copies/{copy_id}/scale", tags=["jobs"])
+    def scale_copy(name: DatasetName, copy_id: CopyName, body: ScaleIn) -> dict[str, Any]:
+        """Add and remove nodes of a copy. Only the shards whose rendezvous owner changes move;
+        their new owners copy them from the old ones before those drop them (409 while an
+        earlier fill of the copy is still running)."""
+        return cluster.manager.scale(name, copy_id, body.add, body.remove)
+
+    @v1.post("/jobs", tags=["jobs"], status_code=201)
+    def submit_job(body: JobIn) -> dict[str, Any]:
+        """Register a job reading a dataset. The answer is ``running`` with the ranked nodes
+        (TDCS: the chosen copy's nodes among the candidates first, each with the reason), or
+        ``suspended`` with its queue position, or ``running`` on a new copy (``cloned``)."""
+        return cluster.manager.submit(
+            body.id, body.dataset, body.nodes, body.candidates, body.lease_s
+        )
+
+    @v1.get("/jobs", tags=["jobs"])
+    def list_jobs(
+        dataset: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    ) -> list[dict[str, Any]]:
+        return cluster.manager.list_jobs(dataset)
+
+    @v1.get("/jobs/{job_id}", tags=["jobs"])
+    async def get_job(
+        job_id: JobName, wait: Annotated[float, Query(ge=0, le=300, allow_inf_nan=False)] = 0
+    ) -> dict[str, Any]:
+        """One job. With ``wait=N`` (a long-poll, for the owner of a suspended job) the answer
+        comes as soon as the job is promoted or released, at the latest after N seconds, and
+        the call renews the job's lease."""
+        manager = cluster.manager
+        if wait == 0:
+            return await anyio.to_thread.run_sync(manager.job, job_id)
+        deadline = anyio.current_time() + wait
+        while True:
+            seen = manager.version
+            doc = await anyio.to_thread.run_sync(manager.renew, job_id)
+            if doc["state"] != "suspended" or anyio.current_time() >= deadline:
+                return doc
+            # Job changes bump the version; checking it costs no lock and no thread.
+            while manager.version == seen and anyio.current_time() < deadline:
+                await anyio.sleep(min(0.1, max(0.0, deadline - anyio.current_time())))
+
+    @v1.post("/jobs/{job_id}/heartbeat", tags=["jobs"])
+    def renew_job(job_id: JobName) -> dict[str, Any]:
+        """Renew the job's lease (its owner is alive)."""
+        return cluster.manager.renew(job_id)
+
+    @v1.delete("/jobs/{job_id}", tags=["jobs"])
+    def release_job(job_id: JobName) -> dict[str, Any]:
+        """Release the job: its copy gets the slot back and the head of the dataset's suspend
+        queue is placed at once (``promoted`` names it)."""
+        return cluster.manager.release(job_id)
+
+    @v1.get("/events", tags=["jobs"])
+    def list_events(
+        dataset: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[dict[str, Any]]:
+        """What the CacheManager did and why: placements, promotions, clones, scaling,
+        hand-offs, cleanup and the bytes it freed, oldest first."""
+        return cluster.manager.list_events(dataset, limit)
+
     @v1.post("/datasets/{name}/preload/cancel", tags=["preload"])
     def cancel_preload(name: DatasetName) -> dict[str, Any]:
         return cluster.cancel_preload(name)
@@ -244,7 +367,7 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     def heartbeat(node: NodeName, body: HeartbeatIn) -> dict[str, Any]:
         """A worker's heartbeat (registers it on first contact). The reply is the worker's view
         of the cluster: live membership per copy, datasets, running preload jobs."""
-        report = body.model_dump()
+        report = body.model_dump(by_alias=True)
         if not all(_is_shard(s) for d in report["datasets"].values() for s in d["shards"]):
             raise ConfigError("shard numbers must be integers in [0, 1024)")
         if not all(_is_shard(s) for job in report["preloads"].values() for s in job):

@@ -1,10 +1,13 @@
 """The coordinator's model of the cluster: datasets and their copies, nodes, preload jobs.
 
-Durable state (datasets, copies, known nodes, preload jobs) lives in a :class:`StateStore`
-(LMDB or etcd) as JSON documents and is mirrored in memory; every change is written through
-before it is acknowledged, so a restarted coordinator loses nothing. Soft state (liveness, tier
-usage, cached bytes per shard, preload progress as workers report it) comes from heartbeats and
-is rebuilt within one heartbeat interval after a restart.
+Jobs, cleanup and scaling — the CacheManager — live in :mod:`coordinator.manager` and share this
+model and its lock.
+
+Durable state (datasets, copies, known nodes, preload jobs, training jobs, tasks) lives in a
+:class:`StateStore` (LMDB or etcd) as JSON documents and is mirrored in memory; every change is
+written through before it is acknowledged, so a restarted coordinator loses nothing. Soft state
+(liveness, tier usage, cached bytes per shard, preload progress as workers report it) comes from
+heartbeats and is rebuilt within one heartbeat interval after a restart.
 
 Shard ownership is never stored: it is ``shard_owner(dataset, shard, live nodes of the copy)``,
 computed the same way here and on every worker from the membership this module hands out in
@@ -28,12 +31,12 @@ from dataclasses import dataclass, field
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound
 from cachefs.protocol import SHARDS, DatasetSpec, shard_owner
 
+from .copies import DEFAULT_COPY, CopyState
+from .manager import CacheManager
 from .preload import PreloadJob, Selection
 from .state import StateStore
 
 log = logging.getLogger("coordinator.cluster")
-
-DEFAULT_COPY = "A"
 
 
 class NodeNotFound(CachefsError):
@@ -65,19 +68,30 @@ class NodeState:
 class DatasetState:
     spec: DatasetSpec
     refresh_epoch: int = 0
-    # Copies of the dataset: id -> node list, or None for "every registered node".
-    copies: dict[str, list[str] | None] = field(default_factory=lambda: {DEFAULT_COPY: None})
+    # Copies of the dataset, in creation order (the first is the one readers outside every
+    # copy read through).
+    copies: dict[str, CopyState] = field(
+        default_factory=lambda: {DEFAULT_COPY: CopyState(nodes=None)}
+    )
+    fill_seq: int = 0  # numbers the fills of the dataset's copies
 
     def to_json(self) -> dict:
         return {
             "spec": self.spec.to_json(),
             "refresh_epoch": self.refresh_epoch,
-            "copies": self.copies,
+            "copies": {copy_id: copy.to_json() for copy_id, copy in self.copies.items()},
+            "fill_seq": self.fill_seq,
         }
 
     @classmethod
     def from_json(cls, data: dict) -> DatasetState:
-        return cls(DatasetSpec.from_json(data["spec"]), data["refresh_epoch"], data["copies"])
+        copies = {copy_id: CopyState.from_json(c) for copy_id, c in data["copies"].items()}
+        return cls(
+            DatasetSpec.from_json(data["spec"]),
+            data["refresh_epoch"],
+            copies,
+            data.get("fill_seq", 0),
+        )
 
 
 class Cluster:
@@ -88,6 +102,9 @@ class Cluster:
         heartbeat_interval_s: float = 2.0,
         down_after_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        job_lease_s: float = 600.0,
+        lru_high_watermark: float = 0.9,
+        fill_timeout_s: float = 3600.0,
     ) -> None:
         self.store = store
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -110,6 +127,12 @@ class Cluster:
         for _key, value in store.list("preloads/"):
             job = PreloadJob.from_json(json.loads(value))
             self.preloads[job.id] = job
+        self.manager = CacheManager(
+            self,
+            job_lease_s=job_lease_s,
+            lru_high_watermark=lru_high_watermark,
+            fill_timeout_s=fill_timeout_s,
+        )
 
     def _load_cluster_id(self) -> str:
         fresh = secrets.token_hex(8)
@@ -119,14 +142,25 @@ class Cluster:
     def _save(self, key: str, doc: dict) -> None:
         self.store.put(key, json.dumps(doc, separators=(",", ":")).encode())
 
+    def _save_dataset(self, state: DatasetState) -> None:
+        self._save(f"datasets/{state.spec.name}", state.to_json())
+
     # --- datasets ------------------------------------------------------------------------------
 
-    def add_dataset(self, spec: DatasetSpec) -> dict:
+    def add_dataset(self, spec: DatasetSpec, nodes: list[str] | None = None) -> dict:
+        """Register a dataset. Its first copy spans ``nodes``, or every node (also those that
+        join later) when None."""
         with self._lock:
             if spec.name in self.datasets:
                 raise DatasetExists(f"dataset {spec.name!r} already exists")
+            if nodes is not None and not nodes:
+                raise ConfigError("a copy needs at least one node")
             spec.created_at = spec.created_at or self._clock()
-            state = DatasetState(spec)
+            copy = CopyState(
+                nodes=sorted(set(nodes)) if nodes is not None else None,
+                created_at=spec.created_at,
+            )
+            state = DatasetState(spec, copies={DEFAULT_COPY: copy})
             if not self.store.put_if_absent(
                 f"datasets/{spec.name}", json.dumps(state.to_json()).encode()
             ):
@@ -147,6 +181,7 @@ class Cluster:
             for job in [job for job in self.preloads.values() if job.dataset == name]:
                 self.store.delete(f"preloads/{job.id}")
                 del self.preloads[job.id]
+            self.manager.forget_dataset(name)
             self.store.delete(f"datasets/{name}")
             del self.datasets[name]
             return {"name": name, "removed": True}
@@ -156,7 +191,7 @@ class Cluster:
         with self._lock:
             state = self._dataset(name)
             state.refresh_epoch += 1
-            self._save(f"datasets/{name}", state.to_json())
+            self._save_dataset(state)
             return self.dataset_status(name)
 
     def list_datasets(self) -> list[dict]:
@@ -170,10 +205,20 @@ class Cluster:
             return {
                 **state.spec.to_json(),
                 "refresh_epoch": state.refresh_epoch,
-                "copies": [
-                    {"id": copy_id, "nodes": self.copy_nodes(name, copy_id)}
-                    for copy_id in state.copies
-                ],
+                "copies": self.manager.copy_docs(name, state),
+                "jobs": {
+                    "running": sum(
+                        1
+                        for j in self.manager.jobs.values()
+                        if j.dataset == name and j.state == "running"
+                    ),
+                    "suspended": len(self.manager._queue(name)),
+                },
+                "freed_bytes": sum(
+                    nbytes
+                    for (dataset, _), nbytes in self.manager.freed_bytes.items()
+                    if dataset == name
+                ),
                 "bytes": locality["bytes"],
                 "files": locality["files"],
                 "cached_bytes": locality["cached_bytes"],
@@ -187,7 +232,7 @@ class Cluster:
 
     def copy_nodes(self, dataset: str, copy_id: str) -> list[str]:
         """Every node of a copy, up or down, sorted."""
-        members = self._dataset(dataset).copies[copy_id]
+        members = self._dataset(dataset).copies[copy_id].nodes
         return sorted(self.nodes if members is None else members)
 
     def live_copy_nodes(self, dataset: str, copy_id: str) -> list[str]:
@@ -219,9 +264,11 @@ class Cluster:
             state.datasets = report.get("datasets", {})
             for job_id, shards in report.get("preloads", {}).items():
                 self._record_preload_progress(node, job_id, shards)
-            return self.view()
+            self.manager.on_heartbeat(node, report)
+            return self.view(node)
 
-    def view(self) -> dict:
+    def view(self, node: str | None = None) -> dict:
+        """The cluster as ``node`` must see it (its pending tasks included)."""
         now = self._clock()
         return {
             "cluster_id": self.cluster_id,
@@ -237,12 +284,14 @@ class Cluster:
                     "copies": {
                         copy_id: self.live_copy_nodes(name, copy_id) for copy_id in state.copies
                     },
+                    "fills": self.manager.fills_view(name, state),
                 }
                 for name, state in sorted(self.datasets.items())
             ],
             "preloads": [
                 job.assignment() for job in self.preloads.values() if job.state == "running"
             ],
+            "tasks": self.manager.tasks_for(node) if node is not None else [],
         }
 
     def node_status(self, node: str) -> dict:
@@ -451,5 +500,9 @@ class Cluster:
             now = self._clock()
             for job in self.preloads.values():
                 active = job.state in ("scheduled", "running") and job.dataset in self.datasets
-                if active and job.advance(now, self._owners(job)):
+                if active and job.copy not in self.datasets[job.dataset].copies:
+                    job.state, job.finished_at = "cancelled", now  # its copy was cleaned up
                     self._save(f"preloads/{job.id}", job.to_json())
+                elif active and job.advance(now, self._owners(job)):
+                    self._save(f"preloads/{job.id}", job.to_json())
+        self.manager.tick()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import trio
 from prometheus_client import generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from cachefs.errors import ConfigError
@@ -40,6 +40,9 @@ class CoordinatorConfig:
     token_file: str | None = None
     heartbeat_interval_s: float = 2.0
     down_after_s: float | None = None  # default: 3 heartbeat intervals
+    job_lease_s: float = 600.0  # a job not renewed for this long is released; 0 = never
+    lru_high_watermark: float = 0.9  # lru cleanup acts on nodes whose cache is this full
+    fill_timeout_s: float = 3600.0  # a clone fill or scale hand-off is given up after this
 
 
 def load_or_create_token(state_dir: str, token_file: str | None) -> str:
@@ -107,6 +110,36 @@ class _ClusterCollector(Collector):
             for name in names:
                 families[name].add_metric([job["dataset"], job["id"], job["state"]], job[name])
         yield from families.values()
+        yield from self._cache_manager_metrics(cluster)
+
+    @staticmethod
+    def _cache_manager_metrics(cluster: Cluster):
+        used_ratio = GaugeMetricFamily(
+            "cachefs_cache_used_ratio",
+            "Cache used / capacity over a copy's live nodes (for an autoscaler)",
+            labels=["dataset", "copy"],
+        )
+        jobs = GaugeMetricFamily(
+            "cachefs_jobs", "Registered jobs by state", labels=["dataset", "state"]
+        )
+        freed = CounterMetricFamily(
+            "cachefs_cleanup_freed_bytes",
+            "Bytes workers freed on the coordinator's request since it started",
+            labels=["dataset", "kind"],
+        )
+        filling = GaugeMetricFamily(
+            "cachefs_copy_filling", "1 while a copy fills from peers", labels=["dataset", "copy"]
+        )
+        for dataset in cluster.list_datasets():
+            name = dataset["name"]
+            for copy in dataset["copies"]:
+                used_ratio.add_metric([name, copy["id"]], copy["used_ratio"])
+                filling.add_metric([name, copy["id"]], 1.0 if copy["fill"] else 0.0)
+            for state, count in dataset["jobs"].items():
+                jobs.add_metric([name, state], count)
+        for (name, kind), nbytes in sorted(cluster.manager.freed_bytes.items()):
+            freed.add_metric([name, kind], nbytes)
+        yield from (used_ratio, jobs, freed, filling)
 
 
 async def serve(config: CoordinatorConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -130,6 +163,9 @@ async def serve(config: CoordinatorConfig, *, task_status=trio.TASK_STATUS_IGNOR
                 store,
                 heartbeat_interval_s=config.heartbeat_interval_s,
                 down_after_s=config.down_after_s,
+                job_lease_s=config.job_lease_s,
+                lru_high_watermark=config.lru_high_watermark,
+                fill_timeout_s=config.fill_timeout_s,
             )
         )
         registry = CollectorRegistry(auto_describe=False)

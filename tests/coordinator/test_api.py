@@ -79,7 +79,11 @@ def assert_client_error(response: httpx.Response, *statuses: int) -> None:
 
 
 def fill(path: str) -> str:
-    return path.replace("{name}", "imagenet").replace("{node}", "n1").replace("{job_id}", "job-1")
+    for placeholder, value in [
+        ("{name}", "imagenet"), ("{node}", "n1"), ("{job_id}", "job-1"), ("{copy_id}", "A")
+    ]:  # fmt: skip
+        path = path.replace(placeholder, value)
+    return path
 
 
 async def operations(api: Api) -> list[tuple[str, str]]:
@@ -113,9 +117,14 @@ async def test_every_v1_route_needs_the_token(api: Api) -> None:
         "/v1/nodes/n1/heartbeat",
         "/v1/locality",
         "/v1/placement",
+        "/v1/jobs",
+        "/v1/jobs/job-1",
+        "/v1/jobs/job-1/heartbeat",
+        "/v1/datasets/imagenet/copies/A/scale",
+        "/v1/events",
     ):
         assert expected in paths
-    assert len(ops) >= 17
+    assert len(ops) >= 24
     async with httpx.AsyncClient(base_url=api.url, timeout=30) as anonymous:
         for method, path in ops:
             for headers in (
@@ -180,7 +189,7 @@ async def test_dataset_lifecycle(api: Api) -> None:
         1 << 20,
     )
     assert body["region"] == "eu-west-1"
-    assert body["copies"] == [{"id": "A", "nodes": []}]
+    assert [(c["id"], c["nodes"], c["running_jobs"]) for c in body["copies"]] == [("A", [], 0)]
 
     got = await client.get("/v1/datasets/imagenet")
     assert got.status_code == 200 and got.json()["uri"] == "s3://bucket/imagenet/"
@@ -503,3 +512,105 @@ async def test_preload_over_http(api: Api) -> None:
 
     for path in ("/v1/preloads", "/v1/datasets", "/v1/nodes", "/v1/locality"):
         json.loads((await client.get(path)).text, parse_constant=refuse)
+
+
+# --- jobs, scaling, events -----------------------------------------------------------------------
+
+
+async def test_jobs_over_http_with_a_long_poll_for_promotion(api: Api) -> None:
+    client = api.client
+    created = await api.add("imagenet", max_jobs_per_copy=1, overflow="suspend", cleanup="ttl:6h")
+    assert created.status_code == 201, created.text
+    assert (created.json()["max_jobs_per_copy"], created.json()["cleanup"]) == (1, "ttl:6h")
+    await api.beat("n1")
+    await api.beat("n2")
+    first = await client.post("/v1/jobs", json={"id": "j1", "dataset": "imagenet", "nodes": 2})
+    assert first.status_code == 201, first.text
+    assert (first.json()["state"], first.json()["nodes"]) == ("running", ["n1", "n2"])
+    second = (await client.post("/v1/jobs", json={"id": "j2", "dataset": "imagenet"})).json()
+    assert (second["state"], second["position"]) == ("suspended", 1)
+    duplicate = await client.post("/v1/jobs", json={"id": "j2", "dataset": "imagenet", "nodes": 2})
+    assert_client_error(duplicate, 409)
+
+    answers = []
+
+    async def long_poll() -> None:
+        answers.append(await client.get("/v1/jobs/j2", params={"wait": 30}))
+
+    with trio.fail_after(20):  # the poll must end at the promotion, not at its 30 s limit
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_poll)
+            await trio.sleep(0.5)
+            assert not answers  # still waiting: j2 is suspended
+            released = (await client.delete("/v1/jobs/j1")).json()
+            assert released == {"id": "j1", "released": True, "reason": "released",
+                                "promoted": ["j2"]}  # fmt: skip
+    assert answers[0].status_code == 200 and answers[0].json()["state"] == "running"
+    listed = (await client.get("/v1/jobs", params={"dataset": "imagenet"})).json()
+    assert [(j["id"], j["state"]) for j in listed] == [("j2", "running")]
+    renewed = await client.post("/v1/jobs/j2/heartbeat")
+    assert renewed.json()["lease_expires_in_s"] == 600
+    assert (await client.get("/v1/jobs/j1")).status_code == 404
+    events = (await client.get("/v1/events", params={"dataset": "imagenet"})).json()
+    assert any("promoted" in e["message"] for e in events)
+    dataset = (await client.get("/v1/datasets/imagenet")).json()
+    assert dataset["jobs"] == {"running": 1, "suspended": 0}
+
+
+async def test_scale_over_http(api: Api) -> None:
+    client = api.client
+    await api.add("imagenet", nodes=["n1"])
+    for node in ("n1", "n2", "n3"):
+        await api.beat(node)
+    scaled = await client.post(
+        "/v1/datasets/imagenet/copies/A/scale", json={"add": ["n2"], "remove": []}
+    )
+    assert scaled.status_code == 200, scaled.text
+    assert scaled.json()["copies"][0]["nodes"] == ["n1", "n2"]
+    assert scaled.json()["moved_shards"] > 0
+    busy = await client.post("/v1/datasets/imagenet/copies/A/scale", json={"add": ["n3"]})
+    assert_client_error(busy, 409)
+    missing = await client.post("/v1/datasets/imagenet/copies/Z/scale", json={"add": ["n3"]})
+    assert_client_error(missing, 400)
+    unknown = await client.post("/v1/datasets/nope/copies/A/scale", json={"add": ["n3"]})
+    assert_client_error(unknown, 404)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"id": "j", "dataset": "imagenet", "nodes": 0},
+        {"id": "j", "dataset": "imagenet", "nodes": "many"},
+        {"id": "j", "dataset": "imagenet", "candidates": ["../x"]},
+        {"id": "j", "dataset": "imagenet", "candidates": "n1"},
+        {"id": "j", "dataset": "imagenet", "lease_s": -1},
+        {"id": "j", "dataset": "imagenet", "lease_s": "Infinity"},
+        {"id": "j/..", "dataset": "imagenet"},
+        {"id": "j", "dataset": "imagenet", "extra": 1},
+        {"id": "j", "dataset": "nope"},
+        {"id": "j", "dataset": "imagenet", "nodes": 3},  # only one node is up
+    ],
+)
+async def test_malformed_job_bodies_are_4xx(api: Api, body) -> None:
+    await api.add("imagenet")
+    await api.beat("n1")
+    assert_client_error(await api.client.post("/v1/jobs", json=body))
+    assert api.cluster.manager.jobs == {}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_jobs_per_copy": 0},
+        {"overflow": "share"},
+        {"cleanup": "ttl:"},
+        {"cleanup": "ttl:-5s"},
+        {"cleanup": "fifo"},
+        {"nodes": []},
+        {"nodes": ["a b"]},
+    ],
+)
+async def test_malformed_sharing_policies_are_4xx(api: Api, fields) -> None:
+    assert_client_error(await api.add("imagenet", **fields))
+    assert api.cluster.datasets == {}

@@ -7,68 +7,26 @@ Covers datasets (add/remove/refresh), nodes from heartbeats (registration, down 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cachefs.errors import ConfigError, DatasetExists, DatasetNotFound
-from cachefs.protocol import SHARDS, DatasetSpec, owner_table
+from cachefs.protocol import SHARDS, owner_table
 from coordinator.cluster import Cluster, NodeNotFound, PreloadNotFound
+from coordinator.copies import CopyState
 from coordinator.preload import Selection
 from coordinator.scheduling.sources import parse_locality_document
 from coordinator.state import LmdbStateStore
-
-HEARTBEAT_S = 1.0
-DOWN_AFTER_S = 3.0
-T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    def __init__(self, now: float = T0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    return tmp_path / "state"
-
-
-@pytest.fixture
-def store(state_dir: Path) -> Iterator[LmdbStateStore]:
-    opened = LmdbStateStore(state_dir)
-    try:
-        yield opened
-    finally:
-        opened.close()
-
-
-@pytest.fixture
-def cluster(store: LmdbStateStore, clock: FakeClock) -> Cluster:
-    return Cluster(store, heartbeat_interval_s=HEARTBEAT_S, down_after_s=DOWN_AFTER_S, clock=clock)
-
-
-def spec(name: str, **kwargs) -> DatasetSpec:
-    return DatasetSpec(**{"name": name, "uri": f"s3://bucket/{name}/", **kwargs})
-
-
-def address(node: str) -> str:
-    return f"127.0.0.{int(node.removeprefix('n')) + 1}:7070"
-
-
-def beat(cluster: Cluster, node: str, **report) -> dict:
-    return cluster.heartbeat(node, {"address": address(node), **report})
+from tests.coordinator.model import (
+    DOWN_AFTER_S,
+    HEARTBEAT_S,
+    T0,
+    FakeClock,
+    address,
+    beat,
+    spec,
+)
 
 
 def shard_report(*, complete: bool = True, nbytes: int = 100, failed=None) -> dict:
@@ -102,7 +60,7 @@ def test_add_list_get_remove_dataset(cluster: Cluster, clock: FakeClock) -> None
     assert status["uri"] == "s3://bucket/imagenet/"
     assert status["created_at"] == T0
     assert status["refresh_epoch"] == 0
-    assert status["copies"] == [{"id": "A", "nodes": []}]
+    assert [(c["id"], c["nodes"], c["fill"]) for c in status["copies"]] == [("A", [], None)]
     assert (status["bytes"], status["cached_bytes"], status["cached_fraction"]) == (0, 0, 0.0)
 
     cluster.add_dataset(spec("coco"))
@@ -209,8 +167,8 @@ def test_live_copy_nodes_of_an_explicit_copy(cluster: Cluster, clock: FakeClock)
     for node in ("n3", "n1", "n2"):
         beat(cluster, node)
     assert cluster.live_copy_nodes("imagenet", "A") == ["n1", "n2", "n3"]
-    # No API sets copies yet: an explicit node list, one member never seen.
-    cluster.datasets["imagenet"].copies = {"A": None, "B": ["n3", "n9", "n1"]}
+    # An explicit node list, one member never seen.
+    cluster.datasets["imagenet"].copies["B"] = CopyState(nodes=["n3", "n9", "n1"])
     assert cluster.copy_nodes("imagenet", "B") == ["n1", "n3", "n9"]
     assert cluster.live_copy_nodes("imagenet", "B") == ["n1", "n3"]
     clock.advance(DOWN_AFTER_S + 1)
@@ -499,8 +457,8 @@ def test_reports_from_nodes_outside_the_jobs_copy_are_ignored(cluster: Cluster) 
     cluster.add_dataset(spec("imagenet"))
     for node in ("n1", "n2", "n3"):
         beat(cluster, node)
-    # No API sets copies yet: copy B holds n1 and n2 only.
-    cluster.datasets["imagenet"].copies = {"A": None, "B": ["n1", "n2"]}
+    # Copy B holds n1 and n2 only.
+    cluster.datasets["imagenet"].copies["B"] = CopyState(nodes=["n1", "n2"])
     job = cluster.start_preload("imagenet", Selection(), copy="B")
     assert job["copy"] == "B"
     report_shards(cluster, "n3", job["id"], range(SHARDS))

@@ -1,0 +1,156 @@
+"""Cached copies of a dataset, and TDCS's ranking of nodes for a job (P1's CacheManager).
+
+A copy is a set of nodes that together hold one cached copy of a dataset: within it each shard
+has one owner (rendezvous over the copy's live nodes). ``nodes = None`` means "every registered
+node" — the default first copy, which grows with the cluster. Clone adds copies on other nodes;
+scaling changes a copy's node set. While a copy is being filled (a clone, or the nodes a scale
+added) it names the nodes that held the data before, so its owners copy blocks from those
+peers instead of the object store.
+
+The functions at the bottom are pure: given locality numbers they choose and rank; the
+:class:`~coordinator.manager.CacheManager` supplies the numbers and records the outcome.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_COPY = "A"
+
+
+@dataclass
+class FillState:
+    """A copy being filled from peers: a clone from its source copy, or a scaled copy from its
+    previous node set (the hand-off)."""
+
+    id: str  # unique per dataset ("B-3"): workers run each fill once and report against it
+    sources: list[str]  # the nodes that held the data; their shard owners serve the blocks
+    leaving: list[str]  # nodes the scale removed: freed once the hand-off is done
+    reason: str
+    started_at: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CopyState:
+    nodes: list[str] | None  # None = every registered node
+    created_at: float = 0.0
+    origin: str = "dataset add"
+    fill: FillState | None = None
+    last_used_at: float = 0.0  # last job placed on or released from the copy
+    freed_at: float | None = None  # when ttl cleanup freed it (no use since)
+
+    def to_json(self) -> dict:
+        return {
+            "nodes": self.nodes,
+            "created_at": self.created_at,
+            "origin": self.origin,
+            "fill": self.fill.to_json() if self.fill else None,
+            "last_used_at": self.last_used_at,
+            "freed_at": self.freed_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict | list | None) -> CopyState:
+        if data is None or isinstance(data, list):  # before copies had metadata: the node list
+            return cls(nodes=data)
+        fill = data.get("fill")
+        return cls(
+            nodes=data["nodes"],
+            created_at=data.get("created_at", 0.0),
+            origin=data.get("origin", "dataset add"),
+            fill=FillState(**fill) if fill else None,
+            last_used_at=data.get("last_used_at", 0.0),
+            freed_at=data.get("freed_at"),
+        )
+
+
+def next_copy_id(existing: Iterable[str]) -> str:
+    """A, B, … Z, then A2, B2, …: short names users can type."""
+    taken = set(existing)
+    round_ = 1
+    while True:
+        for letter in string.ascii_uppercase:
+            name = letter if round_ == 1 else f"{letter}{round_}"
+            if name not in taken:
+                return name
+        round_ += 1
+
+
+@dataclass(frozen=True)
+class RankedNode:
+    node: str
+    in_copy: bool
+    cached_bytes: int
+    fraction: float
+    why: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Locality:
+    """What ranking needs: the dataset's size and each live node's cached bytes of it."""
+
+    dataset_bytes: int
+    cached: Mapping[str, int] = field(default_factory=dict)
+
+    def fraction(self, node: str) -> float:
+        if not self.dataset_bytes:
+            return 0.0
+        return min(1.0, self.cached.get(node, 0) / self.dataset_bytes)
+
+
+def rank_nodes(
+    candidates: Iterable[str], copy_id: str, copy_nodes: Iterable[str], locality: Locality
+) -> list[RankedNode]:
+    """TDCS: S3 = the copy's nodes ∩ the candidates S2 first, most cached bytes first (they hold
+    the shards the job reads locally); then the rest of S2 by cached fraction (what earlier
+    copies or preloads left there). Ties go by name, so the answer is deterministic."""
+    members = set(copy_nodes)
+    s2 = sorted(set(candidates))
+    s3 = sorted((n for n in s2 if n in members), key=lambda n: (-locality.cached.get(n, 0), n))
+    rest = sorted((n for n in s2 if n not in members), key=lambda n: (-locality.fraction(n), n))
+    ranked = []
+    for node in s3:
+        cached = locality.cached.get(node, 0)
+        why = f"in copy {copy_id}, holds {locality.fraction(node):.0%} of the dataset"
+        ranked.append(RankedNode(node, True, cached, locality.fraction(node), why))
+    for node in rest:
+        fraction = locality.fraction(node)
+        why = f"outside copy {copy_id}: reads from its peers" + (
+            f", holds {fraction:.0%} of the dataset" if fraction else ""
+        )
+        ranked.append(RankedNode(node, False, locality.cached.get(node, 0), fraction, why))
+    return ranked
+
+
+def choose_copy(
+    open_copies: list[tuple[str, list[str]]], candidates: set[str], locality: Locality
+) -> str | None:
+    """Among copies with room (id, live nodes — in creation order), the one whose nodes cover
+    most of the candidates, then the one holding the most bytes there, then the oldest."""
+    best, best_score = None, None
+    for order, (copy_id, nodes) in enumerate(open_copies):
+        on_candidates = [n for n in nodes if n in candidates]
+        score = (len(on_candidates), sum(locality.cached.get(n, 0) for n in on_candidates), -order)
+        if best_score is None or score > best_score:
+            best, best_score = copy_id, score
+    return best
+
+
+def clone_nodes(
+    candidates: Iterable[str], in_copies: set[str], free_cache: Mapping[str, int], wanted: int
+) -> list[str] | None:
+    """Nodes for a new copy: candidates outside every existing copy, most free cache first;
+    None when fewer than ``wanted`` exist."""
+    outside = sorted(
+        (n for n in set(candidates) if n not in in_copies),
+        key=lambda n: (-free_cache.get(n, 0), n),
+    )
+    return outside[:wanted] if len(outside) >= wanted else None

@@ -1,0 +1,736 @@
+"""The CacheManager (P1's TDCS): jobs sharing cached copies, Suspend / Clone, cleanup, scaling.
+
+- **Jobs.** A training job registers with the dataset it reads and how many nodes it wants. It
+  is placed on a copy of the dataset (TDCS ranking: the copy's nodes among its candidates
+  first) and counts against that copy until released. Jobs are durable; a job whose owner stops
+  renewing its lease is released, so a crashed client cannot leak a copy's capacity.
+- **Hot copies.** At most ``max_jobs_per_copy`` jobs share one copy. Over the limit the
+  dataset's ``overflow`` policy applies: ``suspend`` queues the job (FIFO per dataset; the head
+  is placed as soon as a copy has room), ``clone`` makes a new copy on candidate nodes outside
+  every copy (most free cache first) and places the job there at once; the clone's owners copy
+  blocks from the source copy's peers, not the object store, while the job already reads.
+- **Cleanup** per dataset: ``lock`` never frees; ``ttl:<d>`` frees a copy no job used and no
+  node read for ``d`` (a clone is removed, the last copy kept empty); ``lru`` frees, on a node
+  whose cache is nearly full, the least recently used such dataset. Freeing is a task sent to
+  the node in its heartbeat reply; workers never touch their reserve.
+- **Scaling** (the CacheScaler's API trigger): a copy gains or loses nodes; rendezvous hashing
+  moves only the shards whose owner changed, and the new owners copy those from the previous
+  owners (a hand-off, like a clone's fill) before the old nodes drop what they no longer own.
+
+Everything runs under the :class:`~coordinator.cluster.Cluster`'s lock and writes through to
+its state store before answering. Lease renewals are kept in memory: a restarted coordinator
+gives every job one full lease to renew.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from cachefs.errors import CachefsError, ConfigError
+from cachefs.protocol import SHARDS, CleanupPolicy, shard_owner
+
+from .copies import (
+    CopyState,
+    FillState,
+    Locality,
+    choose_copy,
+    clone_nodes,
+    next_copy_id,
+    rank_nodes,
+)
+
+if TYPE_CHECKING:
+    from .cluster import Cluster, DatasetState
+
+log = logging.getLogger("coordinator.manager")
+
+EVENTS_KEPT = 1000
+
+
+class JobNotFound(CachefsError):
+    pass
+
+
+class JobExists(CachefsError):
+    pass
+
+
+class CopyBusy(CachefsError):
+    """The copy is still being filled (a clone or an earlier scale's hand-off)."""
+
+
+@dataclass
+class Job:
+    id: str
+    dataset: str
+    nodes_wanted: int
+    candidates: list[str] | None  # None: every live node
+    lease_s: float  # 0: no lease (released only explicitly)
+    seq: int  # submission order: the suspend queue is FIFO by it
+    submitted_at: float
+    state: str = "suspended"  # running | suspended
+    copy: str | None = None
+    nodes: list[str] = field(default_factory=list)  # the placement, best first
+    ranking: list[dict] = field(default_factory=list)  # every candidate, with the reason
+    explanation: str = ""
+    started_at: float | None = None
+    cloned: bool = False  # placed on a copy made for it
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Job:
+        return cls(**data)
+
+    def same_request(self, dataset: str, nodes_wanted: int, candidates: list[str] | None) -> bool:
+        return (self.dataset, self.nodes_wanted, self.candidates) == (
+            dataset,
+            nodes_wanted,
+            candidates,
+        )
+
+
+@dataclass
+class Task:
+    """Work for one worker, sent in its heartbeat replies until it acknowledges it."""
+
+    id: str
+    node: str
+    kind: str  # "free": drop the dataset's blocks; "trim": drop the shards it does not own
+    dataset: str
+    reason: str
+    created_at: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class CacheManager:
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        job_lease_s: float = 600.0,
+        lru_high_watermark: float = 0.9,
+        fill_timeout_s: float = 3600.0,
+    ) -> None:
+        self.cluster = cluster
+        self.store = cluster.store
+        self._clock = cluster._clock
+        self.job_lease_s = job_lease_s
+        self.lru_high_watermark = lru_high_watermark
+        self.fill_timeout_s = fill_timeout_s
+        now = self._clock()
+        self.jobs: dict[str, Job] = {}
+        for _key, value in self.store.list("jobs/"):
+            job = Job.from_json(json.loads(value))
+            self.jobs[job.id] = job
+        self._renewed_at = {job_id: now for job_id in self.jobs}
+        self._job_seq = max((job.seq for job in self.jobs.values()), default=0)
+        self.tasks: dict[str, Task] = {}
+        for _key, value in self.store.list("tasks/"):
+            task = Task(**json.loads(value))
+            self.tasks[task.id] = task
+        self.events: deque[dict] = deque(
+            (json.loads(value) for _key, value in self.store.list("events/")), maxlen=EVENTS_KEPT
+        )
+        # Soft state, rebuilt from heartbeats.
+        self._fill_reports: dict[tuple[str, str], dict] = {}  # (dataset, node) -> fills report
+        self._lru_freed: dict[tuple[str, str], float] = {}  # (node, dataset) -> when
+        self.freed_bytes: dict[tuple[str, str], int] = {}  # (dataset, task kind) -> bytes
+        #: Bumped whenever a job changes: long-polls compare it instead of taking the lock.
+        self.version = 0
+
+    # --- jobs ----------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        job_id: str,
+        dataset: str,
+        nodes_wanted: int,
+        candidates: list[str] | None = None,
+        lease_s: float | None = None,
+    ) -> dict:
+        with self.cluster._lock:
+            state = self.cluster._dataset(dataset)
+            existing = self.jobs.get(job_id)
+            if existing is not None:
+                if existing.same_request(dataset, nodes_wanted, candidates):
+                    return self.job_doc(existing)  # a client retrying its submission
+                raise JobExists(f"job {job_id!r} already exists (on dataset {existing.dataset!r})")
+            if nodes_wanted < 1:
+                raise ConfigError("a job needs at least one node")
+            usable = self._candidates(candidates)
+            if len(usable) < nodes_wanted:
+                raise ConfigError(
+                    f"job {job_id!r} wants {nodes_wanted} nodes but only {len(usable)} "
+                    f"candidate nodes are up ({', '.join(usable) or 'none'})"
+                )
+            now = self._clock()
+            self._job_seq += 1
+            job = Job(
+                id=job_id,
+                dataset=dataset,
+                nodes_wanted=nodes_wanted,
+                candidates=candidates,
+                lease_s=self.job_lease_s if lease_s is None else lease_s,
+                seq=self._job_seq,
+                submitted_at=now,
+            )
+            ahead = self._queue(dataset)
+            if ahead:
+                job.explanation = (
+                    f"suspended behind {len(ahead)} earlier job(s) of {dataset} (FIFO)"
+                )
+            else:
+                self._place(job, state)
+            self.jobs[job.id] = job
+            self._renewed_at[job.id] = now
+            self._save_job(job)
+            self._event("job", dataset, job.copy, f"job {job.id}: {job.explanation}", job=job.id)
+            return self.job_doc(job)
+
+    def _candidates(self, candidates: list[str] | None) -> list[str]:
+        """S2: the candidates that are live workers (names the coordinator does not know, or
+        nodes that are down, cannot hold the job's data, so they are left out)."""
+        now = self._clock()
+        live = {name for name, node in self.cluster.nodes.items() if self.cluster.is_up(node, now)}
+        return sorted(live if candidates is None else live & set(candidates))
+
+    def _queue(self, dataset: str) -> list[Job]:
+        """The suspended jobs of ``dataset``, head first."""
+        waiting = [j for j in self.jobs.values() if j.dataset == dataset and j.state == "suspended"]
+        return sorted(waiting, key=lambda j: j.seq)
+
+    def _running_per_copy(self, dataset: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for job in self.jobs.values():
+            if job.dataset == dataset and job.state == "running" and job.copy:
+                counts[job.copy] = counts.get(job.copy, 0) + 1
+        return counts
+
+    def _locality(self, dataset: str) -> Locality:
+        size, cached = 0, {}
+        now = self._clock()
+        for name, node in self.cluster.nodes.items():
+            report = node.datasets.get(dataset)
+            if report is None or not self.cluster.is_up(node, now):
+                continue
+            size = max(size, report.get("bytes", 0))
+            cached[name] = report.get("cached_bytes", 0)
+        return Locality(size, cached)
+
+    def _place(self, job: Job, state: DatasetState) -> bool:
+        """Place ``job`` on a copy with room, or clone one; else leave it suspended with the
+        reason. Returns whether it runs now."""
+        name = state.spec.name
+        limit = state.spec.max_jobs_per_copy
+        per_copy = self._running_per_copy(name)
+        candidates = self._candidates(job.candidates)
+        if len(candidates) < job.nodes_wanted:
+            job.explanation = (
+                f"waiting for {job.nodes_wanted} candidate nodes to be up ({len(candidates)} are)"
+            )
+            return False
+        locality = self._locality(name)
+        open_copies = [
+            (copy_id, self.cluster.live_copy_nodes(name, copy_id))
+            for copy_id in state.copies
+            if limit is None or per_copy.get(copy_id, 0) < limit
+        ]
+        copy_id = choose_copy(open_copies, set(candidates), locality)
+        cloned = False
+        if copy_id is None and state.spec.overflow == "clone":
+            copy_id = self._clone(job, state, candidates, locality)
+            cloned = copy_id is not None
+        if copy_id is None:
+            if state.spec.overflow == "clone":
+                job.explanation = (
+                    f"suspended: every copy of {name} runs {limit} jobs and fewer than "
+                    f"{job.nodes_wanted} candidate nodes are outside its copies to clone onto"
+                )
+            else:
+                job.explanation = (
+                    f"suspended: every copy of {name} runs {limit} jobs (max_jobs_per_copy)"
+                )
+            return False
+        ranked = rank_nodes(
+            candidates, copy_id, self.cluster.live_copy_nodes(name, copy_id), locality
+        )
+        job.state, job.copy, job.cloned = "running", copy_id, cloned
+        job.ranking = [row.to_json() for row in ranked]
+        job.nodes = [row.node for row in ranked[: job.nodes_wanted]]
+        job.started_at = self._clock()
+        in_copy = sum(1 for row in ranked[: job.nodes_wanted] if row.in_copy)
+        job.explanation = (
+            f"{'running on new copy' if cloned else 'running on copy'} {copy_id}: "
+            f"{in_copy} of {job.nodes_wanted} nodes hold the copy"
+        )
+        self._touch_copy(state, copy_id)
+        self.version += 1
+        return True
+
+    def _clone(
+        self, job: Job, state: DatasetState, candidates: list[str], locality: Locality
+    ) -> str | None:
+        name = state.spec.name
+        in_copies = set()
+        for copy_id in state.copies:
+            in_copies.update(self.cluster.copy_nodes(name, copy_id))
+        free = self._free_cache()
+        chosen = clone_nodes(candidates, in_copies, free, job.nodes_wanted)
+        if chosen is None:
+            return None
+        # Fill from the copy holding the most data now.
+        source = max(
+            state.copies,
+            key=lambda c: sum(
+                locality.cached.get(n, 0) for n in self.cluster.live_copy_nodes(name, c)
+            ),
+        )
+        copy_id = next_copy_id(state.copies)
+        now = self._clock()
+        state.copies[copy_id] = CopyState(
+            nodes=chosen,
+            created_at=now,
+            origin=f"clone of {source} for job {job.id}",
+            fill=FillState(
+                id=self._fill_id(state, copy_id),
+                sources=self.cluster.copy_nodes(name, source),
+                leaving=[],
+                reason=f"clone of copy {source}",
+                started_at=now,
+            ),
+        )
+        self.cluster._save_dataset(state)
+        self._cancel_tasks(name, chosen)
+        self._event(
+            "clone", name, copy_id, f"copy {copy_id} of {name} cloned from {source} onto "
+            f"{', '.join(chosen)} for job {job.id}", nodes=chosen, source=source,
+        )  # fmt: skip
+        return copy_id
+
+    @staticmethod
+    def _fill_id(state: DatasetState, copy_id: str) -> str:
+        state.fill_seq += 1
+        return f"{copy_id}-{state.fill_seq}"
+
+    def _free_cache(self) -> dict[str, int]:
+        free = {}
+        for name, node in self.cluster.nodes.items():
+            capacity = sum(t.get("capacity", 0) for t in node.tiers)
+            used = sum(t.get("used", 0) for t in node.tiers)
+            free[name] = max(0, capacity - used)
+        return free
+
+    def _touch_copy(self, state: DatasetState, copy_id: str) -> None:
+        copy = state.copies.get(copy_id)
+        if copy is not None:
+            copy.last_used_at = self._clock()
+            copy.freed_at = None
+            self.cluster._save_dataset(state)
+
+    def release(self, job_id: str, *, reason: str = "released") -> dict:
+        with self.cluster._lock:
+            job = self._job(job_id)
+            del self.jobs[job_id]
+            self._renewed_at.pop(job_id, None)
+            self.store.delete(f"jobs/{job_id}")
+            self.version += 1
+            state = self.cluster.datasets.get(job.dataset)
+            if state is not None and job.state == "running" and job.copy:
+                self._touch_copy(state, job.copy)
+            self._event("job", job.dataset, job.copy, f"job {job_id} {reason}", job=job_id)
+            promoted = self._promote(job.dataset)
+            return {"id": job_id, "released": True, "reason": reason, "promoted": promoted}
+
+    def _promote(self, dataset: str) -> list[str]:
+        """Place suspended jobs of ``dataset`` in FIFO order while they fit: the head first, and
+        a head that cannot run yet holds the others back."""
+        state = self.cluster.datasets.get(dataset)
+        if state is None:
+            return []
+        promoted = []
+        for job in self._queue(dataset):
+            if not self._place(job, state):
+                break
+            self._save_job(job)
+            waited = (job.started_at or 0) - job.submitted_at
+            self._event(
+                "job", dataset, job.copy,
+                f"job {job.id} promoted after {waited:.1f} s: {job.explanation}", job=job.id,
+            )  # fmt: skip
+            promoted.append(job.id)
+        return promoted
+
+    def renew(self, job_id: str) -> dict:
+        with self.cluster._lock:
+            job = self._job(job_id)
+            self._renewed_at[job_id] = self._clock()
+            return self.job_doc(job)
+
+    def job(self, job_id: str) -> dict:
+        with self.cluster._lock:
+            return self.job_doc(self._job(job_id))
+
+    def list_jobs(self, dataset: str | None = None) -> list[dict]:
+        with self.cluster._lock:
+            jobs = sorted(self.jobs.values(), key=lambda j: j.seq)
+            return [self.job_doc(j) for j in jobs if dataset is None or j.dataset == dataset]
+
+    def _job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise JobNotFound(f"no job named {job_id!r} (never submitted, or released)")
+        return job
+
+    def job_doc(self, job: Job) -> dict:
+        now = self._clock()
+        doc = job.to_json()
+        if job.state == "suspended":
+            queue = self._queue(job.dataset)
+            doc["position"] = next(i for i, j in enumerate(queue, 1) if j.id == job.id)
+            doc["waited_s"] = round(now - job.submitted_at, 3)
+        else:
+            doc["position"] = None
+            doc["waited_s"] = round((job.started_at or now) - job.submitted_at, 3)
+        renewed = self._renewed_at.get(job.id, now)
+        doc["lease_expires_in_s"] = (
+            round(job.lease_s - (now - renewed), 3) if job.lease_s > 0 else None
+        )
+        return doc
+
+    def _save_job(self, job: Job) -> None:
+        self.cluster._save(f"jobs/{job.id}", job.to_json())
+
+    # --- scaling -------------------------------------------------------------------------------
+
+    def scale(self, dataset: str, copy_id: str, add: list[str], remove: list[str]) -> dict:
+        """Add and remove nodes of a copy. The shards whose owner changes are handed off: the
+        new owners copy them from the old ones (who keep serving them meanwhile), then the old
+        owners drop what they no longer own."""
+        from .cluster import NodeNotFound
+
+        with self.cluster._lock:
+            state = self.cluster._dataset(dataset)
+            copy = state.copies.get(copy_id)
+            if copy is None:
+                raise ConfigError(f"dataset {dataset!r} has no copy {copy_id!r}")
+            if copy.fill is not None:
+                raise CopyBusy(
+                    f"copy {copy_id} of {dataset} is still being filled ({copy.fill.reason}, "
+                    f"fill {copy.fill.id}); scale it again once that is done"
+                )
+            unknown = sorted(set(add) - set(self.cluster.nodes))
+            if unknown:
+                raise NodeNotFound(f"no node named {', '.join(map(repr, unknown))}")
+            current = self.cluster.copy_nodes(dataset, copy_id)
+            elsewhere = {
+                node
+                for other in state.copies
+                if other != copy_id
+                for node in self.cluster.copy_nodes(dataset, other)
+            }
+            clash = sorted(set(add) & elsewhere)
+            if clash:
+                raise ConfigError(f"{', '.join(clash)} already belong to another copy of {dataset}")
+            absent = sorted(set(remove) - set(current))
+            if absent:
+                raise ConfigError(f"{', '.join(absent)} are not in copy {copy_id} of {dataset}")
+            new = sorted((set(current) | set(add)) - set(remove))
+            if not new:
+                raise ConfigError(f"copy {copy_id} of {dataset} needs at least one node")
+            if new == current:
+                return self.cluster.dataset_status(dataset)
+            now = self._clock()
+            live_before = self.cluster.live_copy_nodes(dataset, copy_id)
+            copy.nodes = new
+            live_after = self.cluster.live_copy_nodes(dataset, copy_id)
+            moved = sum(
+                shard_owner(dataset, shard, live_before) != shard_owner(dataset, shard, live_after)
+                for shard in range(SHARDS)
+            )
+            added, removed = sorted(set(new) - set(current)), sorted(set(current) - set(new))
+            copy.fill = FillState(
+                id=self._fill_id(state, copy_id),
+                sources=current,
+                leaving=removed,
+                reason=f"scale: +{','.join(added) or '-'} -{','.join(removed) or '-'}",
+                started_at=now,
+            )
+            self.cluster._save_dataset(state)
+            self._cancel_tasks(dataset, added)
+            self._event(
+                "scale", dataset, copy_id,
+                f"copy {copy_id} of {dataset} scaled to {', '.join(new)} "
+                f"(added {', '.join(added) or 'none'}, removed {', '.join(removed) or 'none'}): "
+                f"{moved} of {SHARDS} shards change owner and are handed off",
+                added=added, removed=removed, moved_shards=moved,
+            )  # fmt: skip
+            return {**self.cluster.dataset_status(dataset), "moved_shards": moved}
+
+    def _finish_fills(self, now: float) -> None:
+        for name, state in self.cluster.datasets.items():
+            for copy_id, copy in state.copies.items():
+                fill = copy.fill
+                if fill is None:
+                    continue
+                live = self.cluster.live_copy_nodes(name, copy_id)
+                reports = [self._fill_reports.get((name, node)) for node in live]
+                done = all(r and r.get("id") == fill.id and r.get("done") for r in reports)
+                timed_out = now - fill.started_at > self.fill_timeout_s
+                if not (done or timed_out):
+                    continue
+                copied = sum(r.get("copied_bytes", 0) for r in reports if r)
+                absent = sum(r.get("absent_blocks", 0) for r in reports if r)
+                failed = sum(r.get("failed_blocks", 0) for r in reports if r)
+                copy.fill = None
+                self.cluster._save_dataset(state)
+                if not fill.reason.startswith("clone"):
+                    # The previous owners drop the shards they handed off; nodes that left the
+                    # copy own nothing of it any more and drop everything (but their reserve).
+                    for node in sorted(set(fill.sources) | set(fill.leaving)):
+                        self._add_task(node, "trim", name, f"hand-off {fill.id} finished")
+                outcome = "timed out" if not done else "done"
+                self._event(
+                    "fill", name, copy_id,
+                    f"fill {fill.id} of copy {copy_id} ({fill.reason}) {outcome}: "
+                    f"{copied} bytes copied from peers, {absent} blocks the sources did not "
+                    f"hold, {failed} failed", copied_bytes=copied, absent_blocks=absent,
+                    failed_blocks=failed,
+                )  # fmt: skip
+
+    # --- cleanup -------------------------------------------------------------------------------
+
+    def _last_read(self, dataset: str, nodes: list[str]) -> float:
+        return max(
+            (
+                self.cluster.nodes[n].datasets.get(dataset, {}).get("last_read_at", 0.0)
+                for n in nodes
+                if n in self.cluster.nodes
+            ),
+            default=0.0,
+        )
+
+    def _copy_busy(self, dataset: str, copy_id: str) -> bool:
+        """A job runs on it, a preload fills it or it is being filled from peers."""
+        if any(j.dataset == dataset and j.copy == copy_id for j in self.jobs.values()):
+            return True
+        return any(
+            p.dataset == dataset and p.copy == copy_id and p.state in ("running", "scheduled")
+            for p in self.cluster.preloads.values()
+        )
+
+    def _cleanup_ttl(self, now: float) -> None:
+        for name, state in list(self.cluster.datasets.items()):
+            policy = CleanupPolicy.parse(state.spec.cleanup)
+            if policy.kind != "ttl":
+                continue
+            for copy_id in reversed(list(state.copies)):  # newest first: clones go first
+                copy = state.copies[copy_id]
+                if copy.fill is not None or self._copy_busy(name, copy_id):
+                    continue
+                nodes = self.cluster.copy_nodes(name, copy_id)
+                last_used = max(copy.created_at, copy.last_used_at, self._last_read(name, nodes))
+                if copy.freed_at is not None and copy.freed_at >= last_used:
+                    continue  # freed, and nobody used it since
+                idle = now - last_used
+                if idle < policy.ttl_s:
+                    continue
+                reason = f"ttl: copy {copy_id} idle for {idle:.0f} s (ttl {policy.ttl_s:g} s)"
+                for node in nodes:
+                    self._add_task(node, "free", name, reason)
+                if len(state.copies) > 1:
+                    del state.copies[copy_id]
+                    what = "freed and removed"
+                else:
+                    copy.freed_at = now
+                    what = "freed (kept as the dataset's only copy)"
+                self.cluster._save_dataset(state)
+                self._event("cleanup", name, copy_id, f"copy {copy_id} of {name} {what}: {reason}")
+
+    def _cleanup_lru(self, now: float) -> None:
+        """On each node whose cache is at least ``lru_high_watermark`` full, free the least
+        recently used ``lru`` dataset — one at a time, re-judged on the next heartbeat."""
+        busy_nodes = {task.node for task in self.tasks.values()}
+        in_use = {job.dataset for job in self.jobs.values()}
+        for name, node in self.cluster.nodes.items():
+            if name in busy_nodes or not self.cluster.is_up(node, now):
+                continue
+            capacity = sum(t.get("capacity", 0) for t in node.tiers)
+            used = sum(t.get("used", 0) for t in node.tiers)
+            if not capacity or used / capacity < self.lru_high_watermark:
+                continue
+            held = {
+                dataset: report
+                for dataset, report in node.datasets.items()
+                if dataset in self.cluster.datasets and report.get("cached_bytes", 0) > 0
+            }
+            if len(held) < 2:
+                continue  # freeing the one dataset being read would only make it thrash
+
+            def last_used(dataset: str, held: dict[str, dict] = held) -> float:
+                return max(
+                    held[dataset].get("last_read_at", 0.0),
+                    self.cluster.datasets[dataset].spec.created_at,
+                )
+
+            newest = max(held, key=last_used)
+            candidates = [
+                dataset
+                for dataset in held
+                if dataset != newest
+                and dataset not in in_use
+                and CleanupPolicy.parse(self.cluster.datasets[dataset].spec.cleanup).kind == "lru"
+                and self._lru_freed.get((name, dataset), -1.0) < last_used(dataset)
+            ]
+            if not candidates:
+                continue
+            victim = min(candidates, key=last_used)
+            self._lru_freed[(name, victim)] = now
+            reason = (
+                f"lru: {name}'s cache is {used / capacity:.0%} full; {victim} is its least "
+                f"recently used dataset (last read {now - last_used(victim):.0f} s ago)"
+            )
+            self._add_task(name, "free", victim, reason)
+            self._event("cleanup", victim, None, f"{victim} freed on {name}: {reason}", node=name)
+
+    # --- tasks and heartbeats ------------------------------------------------------------------
+
+    def _add_task(self, node: str, kind: str, dataset: str, reason: str) -> None:
+        task = Task(f"t-{secrets.token_hex(6)}", node, kind, dataset, reason, self._clock())
+        self.cluster._save(f"tasks/{task.id}", task.to_json())
+        self.tasks[task.id] = task
+
+    def _cancel_tasks(self, dataset: str, nodes: list[str]) -> None:
+        """Nodes joining a copy keep their blocks: drop pending frees of the dataset there."""
+        for task in list(self.tasks.values()):
+            if task.dataset == dataset and task.node in nodes:
+                self.store.delete(f"tasks/{task.id}")
+                del self.tasks[task.id]
+
+    def tasks_for(self, node: str) -> list[dict]:
+        tasks = [t for t in self.tasks.values() if t.node == node]
+        return [
+            {"id": t.id, "kind": t.kind, "dataset": t.dataset, "reason": t.reason}
+            for t in sorted(tasks, key=lambda t: t.created_at)
+        ]
+
+    def fills_view(self, dataset: str, state: DatasetState) -> dict:
+        return {
+            copy_id: {
+                "id": copy.fill.id,
+                "from": sorted(
+                    n for n in copy.fill.sources if n in self.cluster.nodes
+                    and self.cluster.is_up(self.cluster.nodes[n])
+                ),
+            }
+            for copy_id, copy in state.copies.items()
+            if copy.fill is not None
+        }  # fmt: skip
+
+    def on_heartbeat(self, node: str, report: dict) -> None:
+        for task_id, result in report.get("tasks_done", {}).items():
+            task = self.tasks.pop(task_id, None)
+            if task is None or task.node != node:
+                if task is not None:
+                    self.tasks[task_id] = task  # another node's: not this one's to finish
+                continue
+            self.store.delete(f"tasks/{task_id}")
+            freed = result.get("freed_bytes", 0)
+            key = (task.dataset, task.kind)
+            self.freed_bytes[key] = self.freed_bytes.get(key, 0) + freed
+            error = result.get("error")
+            self._event(
+                "freed", task.dataset, None,
+                f"{node} {'failed to free' if error else 'freed'} {freed} bytes of "
+                f"{task.dataset} ({task.kind}: {task.reason})" + (f": {error}" if error else ""),
+                node=node, freed_bytes=freed,
+            )  # fmt: skip
+        for dataset, fill in report.get("fills", {}).items():
+            self._fill_reports[(dataset, node)] = fill
+
+    def tick(self) -> None:
+        with self.cluster._lock:
+            now = self._clock()
+            for job in list(self.jobs.values()):
+                renewed = self._renewed_at.get(job.id, now)
+                if job.lease_s > 0 and now - renewed > job.lease_s:
+                    log.warning("job %s: lease of %g s expired, releasing it", job.id, job.lease_s)
+                    self.release(job.id, reason=f"released: lease of {job.lease_s:g} s expired")
+            for dataset in {job.dataset for job in self.jobs.values() if job.state == "suspended"}:
+                self._promote(dataset)
+            self._finish_fills(now)
+            self._cleanup_ttl(now)
+            self._cleanup_lru(now)
+
+    def forget_dataset(self, dataset: str) -> None:
+        """The dataset was removed: its jobs and tasks go with it."""
+        for job in [j for j in self.jobs.values() if j.dataset == dataset]:
+            self.store.delete(f"jobs/{job.id}")
+            del self.jobs[job.id]
+            self._renewed_at.pop(job.id, None)
+        self.version += 1
+
+    # --- status --------------------------------------------------------------------------------
+
+    def copy_docs(self, dataset: str, state: DatasetState) -> list[dict]:
+        per_copy = self._running_per_copy(dataset)
+        docs = []
+        for copy_id, copy in state.copies.items():
+            doc = {
+                "id": copy_id,
+                "nodes": self.cluster.copy_nodes(dataset, copy_id),
+                "origin": copy.origin,
+                "created_at": copy.created_at,
+                "running_jobs": per_copy.get(copy_id, 0),
+                "freed_at": copy.freed_at,
+                "used_ratio": self.used_ratio(dataset, copy_id),
+                "fill": None,
+            }
+            if copy.fill is not None:
+                reports = [
+                    self._fill_reports.get((dataset, n))
+                    for n in self.cluster.live_copy_nodes(dataset, copy_id)
+                ]
+                reports = [r for r in reports if r and r.get("id") == copy.fill.id]
+                doc["fill"] = {
+                    **copy.fill.to_json(),
+                    "copied_bytes": sum(r.get("copied_bytes", 0) for r in reports),
+                    "nodes_done": sum(1 for r in reports if r.get("done")),
+                }
+            docs.append(doc)
+        return docs
+
+    def used_ratio(self, dataset: str, copy_id: str) -> float:
+        """Cache used / capacity over the copy's live nodes (the CacheScaler's HPA metric)."""
+        capacity = used = 0
+        for name in self.cluster.live_copy_nodes(dataset, copy_id):
+            tiers = self.cluster.nodes[name].tiers
+            capacity += sum(t.get("capacity", 0) for t in tiers)
+            used += sum(t.get("used", 0) for t in tiers)
+        return min(1.0, used / capacity) if capacity else 0.0
+
+    def list_events(self, dataset: str | None = None, limit: int = 100) -> list[dict]:
+        with self.cluster._lock:
+            events = [e for e in self.events if dataset is None or e["dataset"] == dataset]
+            return events[-limit:]
+
+    def _event(self, kind: str, dataset: str, copy: str | None, message: str, **details) -> None:
+        """Record what the CacheManager did and why (``GET /v1/events``); the newest
+        ``EVENTS_KEPT`` are kept in the store."""
+        now = self._clock()
+        key = f"events/{int(now * 1000):013d}-{secrets.token_hex(3)}"
+        event = {"id": key.removeprefix("events/"), "at": now, "kind": kind, "dataset": dataset,
+                 "copy": copy, "message": message, **details}  # fmt: skip
+        self.cluster._save(key, event)
+        if len(self.events) == EVENTS_KEPT:
+            self.store.delete(f"events/{self.events[0]['id']}")
+        self.events.append(event)
+        log.info("%s", message)

@@ -1,0 +1,371 @@
+"""The CacheManager on a real LMDB store with a fake clock: TDCS placement, Suspend (FIFO, also
+across a restart), Clone, leases, ttl / lock / lru cleanup, scaling with hand-off.
+
+Workers are heartbeat calls here; the same behaviour with real worker processes is in
+``tests/cluster/test_cache_manager.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cachefs.errors import ConfigError, DatasetNotFound
+from cachefs.protocol import SHARDS, owner_table
+from coordinator.cluster import Cluster, NodeNotFound
+from coordinator.copies import Locality, clone_nodes, next_copy_id, rank_nodes
+from coordinator.manager import CopyBusy, JobExists, JobNotFound
+from coordinator.state import LmdbStateStore
+from tests.coordinator.model import DOWN_AFTER_S, HEARTBEAT_S, FakeClock, beat, spec
+
+GB = 1 << 30
+
+
+def report(cached: dict[str, int], size: int = 300, last_read: dict[str, float] | None = None):
+    """Per node: its heartbeat's datasets section for one dataset named "imagenet"."""
+
+    def of(node: str) -> dict:
+        return {
+            "imagenet": {
+                "bytes": size,
+                "files": 3,
+                "cached_bytes": cached.get(node, 0),
+                "last_read_at": (last_read or {}).get(node, 0.0),
+            }
+        }
+
+    return of
+
+
+def beat_all(cluster: Cluster, nodes, **kwargs) -> None:
+    for node in nodes:
+        beat(cluster, node, **kwargs)
+
+
+def wait(cluster: Cluster, clock: FakeClock, seconds: float, nodes, datasets_of=None) -> None:
+    """Let ``seconds`` pass with every node heartbeating (reporting ``datasets_of(node)``),
+    the coordinator ticking."""
+    for _ in range(int(seconds)):
+        clock.advance(1)
+        for node in nodes:
+            beat(cluster, node, datasets=datasets_of(node) if datasets_of else {})
+        cluster.tick()
+
+
+NODES = ["n1", "n2", "n3", "n4", "n5"]
+
+
+# --- TDCS placement ------------------------------------------------------------------------------
+
+
+def test_the_copys_nodes_among_the_candidates_come_first(cluster: Cluster) -> None:
+    cluster.add_dataset(spec("imagenet"), nodes=["n1", "n2", "n3"])
+    datasets = report({"n1": 100, "n2": 90, "n3": 110, "n4": 30})
+    for node in NODES:
+        beat(cluster, node, datasets=datasets(node))
+    job = cluster.manager.submit("train-42", "imagenet", 3, ["n2", "n3", "n4", "n5"])
+    assert job["state"] == "running" and job["copy"] == "A" and not job["cloned"]
+    # S3 = {n2, n3} by cached bytes, then the rest of S2 by cached fraction.
+    assert job["nodes"] == ["n3", "n2", "n4"]
+    assert [row["node"] for row in job["ranking"]] == ["n3", "n2", "n4", "n5"]
+    assert [row["in_copy"] for row in job["ranking"]] == [True, True, False, False]
+    assert "in copy A" in job["ranking"][0]["why"]
+    assert "outside copy A" in job["ranking"][2]["why"] and "10%" in job["ranking"][2]["why"]
+    assert job["explanation"] == "running on copy A: 2 of 3 nodes hold the copy"
+
+
+def test_without_candidates_every_live_node_is_one(cluster: Cluster, clock: FakeClock) -> None:
+    cluster.add_dataset(spec("imagenet"), nodes=["n2"])
+    beat_all(cluster, ["n1", "n2", "n3"])
+    clock.advance(DOWN_AFTER_S + 1)
+    beat_all(cluster, ["n1", "n2"])  # n3 went down
+    job = cluster.manager.submit("j", "imagenet", 2)
+    assert job["nodes"] == ["n2", "n1"]
+    with pytest.raises(ConfigError, match="wants 3 nodes but only 2 candidate nodes are up"):
+        cluster.manager.submit("k", "imagenet", 3)
+    with pytest.raises(ConfigError, match="only 1 candidate"):
+        cluster.manager.submit("k", "imagenet", 2, ["n1", "n3", "gpu-unknown"])
+
+
+def test_submitting_again_is_idempotent_and_names_are_unique(cluster: Cluster) -> None:
+    cluster.add_dataset(spec("imagenet"))
+    cluster.add_dataset(spec("coco"))
+    beat_all(cluster, ["n1", "n2"])
+    first = cluster.manager.submit("j", "imagenet", 1)
+    assert cluster.manager.submit("j", "imagenet", 1)["seq"] == first["seq"]
+    with pytest.raises(JobExists, match="already exists"):
+        cluster.manager.submit("j", "coco", 1)
+    with pytest.raises(DatasetNotFound):
+        cluster.manager.submit("k", "nope", 1)
+    cluster.remove_dataset("imagenet")
+    with pytest.raises(JobNotFound):
+        cluster.manager.job("j")
+
+
+def test_pure_ranking_helpers() -> None:
+    locality = Locality(1000, {"a": 500, "b": 900, "c": 100})
+    ranked = rank_nodes(["c", "b", "a", "d"], "A", ["a", "d"], locality)
+    assert [r.node for r in ranked] == ["a", "d", "b", "c"]
+    assert clone_nodes(["a", "b", "c"], {"a"}, {"b": 5, "c": 9}, 2) == ["c", "b"]
+    assert clone_nodes(["a", "b"], {"a"}, {}, 2) is None
+    assert next_copy_id(["A", "B"]) == "C"
+    assert next_copy_id([chr(c) for c in range(ord("A"), ord("Z") + 1)]) == "A2"
+
+
+# --- Suspend -------------------------------------------------------------------------------------
+
+
+def test_suspend_queues_fifo_and_promotes_on_release(cluster: Cluster) -> None:
+    cluster.add_dataset(spec("imagenet", max_jobs_per_copy=2))
+    beat_all(cluster, ["n1", "n2", "n3"])
+    manager = cluster.manager
+    assert manager.submit("j1", "imagenet", 1)["state"] == "running"
+    assert manager.submit("j2", "imagenet", 1)["state"] == "running"
+    j3 = manager.submit("j3", "imagenet", 1)
+    j4 = manager.submit("j4", "imagenet", 1)
+    assert (j3["state"], j3["position"]) == ("suspended", 1)
+    assert (j4["state"], j4["position"]) == ("suspended", 2)
+    assert "runs 2 jobs" in j3["explanation"]
+    version = manager.version
+    released = manager.release("j1")
+    assert released["promoted"] == ["j3"]
+    assert manager.version > version  # long-polls wake up
+    assert manager.job("j3")["state"] == "running"
+    assert manager.job("j4")["position"] == 1
+    assert cluster.dataset_status("imagenet")["jobs"] == {"running": 2, "suspended": 1}
+
+
+def test_the_suspend_queue_survives_a_restart_in_order(
+    cluster: Cluster, store: LmdbStateStore, clock: FakeClock
+) -> None:
+    cluster.add_dataset(spec("imagenet", max_jobs_per_copy=1))
+    beat_all(cluster, ["n1"])
+    for name in ("j1", "j2", "j3", "j4"):
+        cluster.manager.submit(name, "imagenet", 1)
+    restarted = Cluster(
+        store, heartbeat_interval_s=HEARTBEAT_S, down_after_s=DOWN_AFTER_S, clock=clock
+    )
+    beat_all(restarted, ["n1"])
+    assert [j["id"] for j in restarted.manager.list_jobs()] == ["j1", "j2", "j3", "j4"]
+    assert restarted.manager.submit("j5", "imagenet", 1)["position"] == 4
+    assert restarted.manager.release("j1")["promoted"] == ["j2"]
+    assert restarted.manager.release("j2")["promoted"] == ["j3"]
+    assert [j["position"] for j in restarted.manager.list_jobs()] == [None, 1, 2]
+
+
+def test_a_job_whose_lease_lapses_is_released(cluster: Cluster, clock: FakeClock) -> None:
+    cluster.add_dataset(spec("imagenet", max_jobs_per_copy=1))
+    beat_all(cluster, ["n1"])
+    cluster.manager.submit("j1", "imagenet", 1, lease_s=10)
+    cluster.manager.submit("j2", "imagenet", 1, lease_s=0)  # no lease: waits as long as needed
+    wait(cluster, clock, 6, ["n1"])
+    assert cluster.manager.renew("j1")["lease_expires_in_s"] == 10
+    wait(cluster, clock, 9, ["n1"])
+    assert cluster.manager.job("j1")["state"] == "running"
+    wait(cluster, clock, 2, ["n1"])
+    with pytest.raises(JobNotFound):
+        cluster.manager.job("j1")
+    assert cluster.manager.job("j2")["state"] == "running"
+    messages = [e["message"] for e in cluster.manager.list_events("imagenet")]
+    assert "job j1 released: lease of 10 s expired" in messages
+
+
+# --- Clone ---------------------------------------------------------------------------------------
+
+
+def test_clone_makes_a_copy_on_the_freest_outside_nodes(cluster: Cluster) -> None:
+    cluster.add_dataset(spec("imagenet", max_jobs_per_copy=1, overflow="clone"), nodes=["n1", "n2"])
+    for node, used in [("n1", 0), ("n2", 0), ("n3", 9 * GB), ("n4", 2 * GB)]:
+        beat(cluster, node, tiers=[{"name": "ram", "capacity": 10 * GB, "used": used}])
+    manager = cluster.manager
+    assert manager.submit("j1", "imagenet", 2)["nodes"] == ["n1", "n2"]
+    j2 = manager.submit("j2", "imagenet", 1)
+    assert (j2["state"], j2["copy"], j2["cloned"], j2["nodes"]) == ("running", "B", True, ["n4"])
+    view = beat(cluster, "n4")
+    imagenet = view["datasets"][0]
+    assert imagenet["copies"] == {"A": ["n1", "n2"], "B": ["n4"]}
+    assert imagenet["fills"] == {"B": {"id": "B-1", "from": ["n1", "n2"]}}
+    assert manager.submit("j3", "imagenet", 1)["copy"] == "C"  # onto n3, the last outside
+    j4 = manager.submit("j4", "imagenet", 1)
+    assert j4["state"] == "suspended" and "outside its copies to clone onto" in j4["explanation"]
+
+    # The clone's fill finishes when its nodes report it done; a clone trims nobody.
+    fill = {"copy": "B", "id": "B-1", "done": True, "copied_bytes": 500, "copied_blocks": 5}
+    beat(cluster, "n4", fills={"imagenet": fill})
+    cluster.tick()
+    copies = {c["id"]: c for c in cluster.dataset_status("imagenet")["copies"]}
+    assert copies["B"]["fill"] is None and copies["C"]["fill"]["id"] == "C-2"
+    assert copies["B"]["origin"] == "clone of A for job j2"
+    assert not any(beat(cluster, node)["tasks"] for node in ("n1", "n2", "n3", "n4"))
+    assert any(
+        e["kind"] == "fill" and "500 bytes copied from peers" in e["message"]
+        for e in manager.list_events("imagenet")
+    )
+
+
+def test_clone_is_impossible_when_the_first_copy_spans_every_node(cluster: Cluster) -> None:
+    cluster.add_dataset(spec("imagenet", max_jobs_per_copy=1, overflow="clone"))
+    beat_all(cluster, ["n1", "n2"])
+    cluster.manager.submit("j1", "imagenet", 1)
+    assert cluster.manager.submit("j2", "imagenet", 1)["state"] == "suspended"
+
+
+# --- cleanup -------------------------------------------------------------------------------------
+
+
+def test_ttl_frees_an_idle_clone_then_the_last_copy(cluster: Cluster, clock: FakeClock) -> None:
+    cluster.add_dataset(
+        spec("imagenet", max_jobs_per_copy=1, overflow="clone", cleanup="ttl:60s"), nodes=["n1"]
+    )
+    nodes = ["n1", "n2"]
+    beat_all(cluster, nodes)
+    manager = cluster.manager
+    manager.submit("j1", "imagenet", 1)
+    manager.submit("j2", "imagenet", 1)  # clone B on n2
+    beat(cluster, "n2", fills={"imagenet": {"copy": "B", "id": "B-1", "done": True}})
+    wait(cluster, clock, 120, nodes)
+    assert not beat(cluster, "n1")["tasks"]  # jobs use both copies: nothing idles
+    manager.release("j1")
+    manager.release("j2")
+    wait(cluster, clock, 59, nodes)
+    assert not beat(cluster, "n1")["tasks"]
+    wait(cluster, clock, 2, nodes)
+    tasks = {node: beat(cluster, node)["tasks"] for node in nodes}
+    assert [t["kind"] for t in tasks["n1"]] == ["free"]
+    assert [t["kind"] for t in tasks["n2"]] == ["free"]
+    assert "copy B idle" in tasks["n2"][0]["reason"]
+    assert "copy A idle" in tasks["n1"][0]["reason"]
+    status = cluster.dataset_status("imagenet")
+    assert [c["id"] for c in status["copies"]] == ["A"]  # the clone is gone, A kept (empty)
+    assert status["copies"][0]["freed_at"] is not None
+
+    beat(cluster, "n1", tasks_done={tasks["n1"][0]["id"]: {"freed_bytes": 1000}})
+    beat(cluster, "n2", tasks_done={tasks["n2"][0]["id"]: {"freed_bytes": 234}})
+    assert cluster.dataset_status("imagenet")["freed_bytes"] == 1234
+    wait(cluster, clock, 600, nodes)
+    assert not beat(cluster, "n1")["tasks"]  # freed, and nobody used it since
+
+    # A read makes the copy used again; after another ttl it is freed again.
+    wait(cluster, clock, 61, nodes, datasets_of=report({}, last_read={"n1": clock()}))
+    assert [t["kind"] for t in beat(cluster, "n1")["tasks"]] == ["free"]
+
+
+def test_lock_never_frees(cluster: Cluster, clock: FakeClock) -> None:
+    cluster.add_dataset(spec("imagenet", cleanup="lock"))
+    for node in ("n1",):
+        beat(
+            cluster,
+            node,
+            datasets=report({"n1": 300})(node),
+            tiers=[{"name": "ram", "capacity": 300, "used": 300}],
+        )
+    wait(cluster, clock, 1000, ["n1"])
+    assert not beat(cluster, "n1")["tasks"]
+
+
+def lru_beat(cluster: Cluster, used: int, cached: dict[str, int], read_at: dict, **extra):
+    datasets = {
+        name: {"bytes": 1000, "cached_bytes": cached[name], "last_read_at": read_at[name]}
+        for name in cached
+    }
+    tiers = [{"name": "ram", "capacity": 1000, "used": used}]
+    return beat(cluster, "n1", datasets=datasets, tiers=tiers, **extra)
+
+
+def test_lru_frees_the_least_recently_used_dataset_under_pressure(
+    cluster: Cluster, clock: FakeClock
+) -> None:
+    for name, policy in [("old", "lru"), ("new", "lru"), ("hot", "lock"), ("busy", "lru")]:
+        cluster.add_dataset(spec(name, cleanup=policy))
+    clock.advance(100)
+    now = clock()
+    cached = {"old": 300, "new": 300, "hot": 300, "busy": 50}
+    read_at = {"old": now - 50, "new": now - 20, "hot": now, "busy": now - 90}
+    lru_beat(cluster, 800, cached, read_at)  # 80 %: no pressure
+    cluster.manager.submit("reader", "busy", 1)  # a job uses "busy": never freed under it
+    cluster.tick()
+    assert not beat(cluster, "n1")["tasks"]
+
+    lru_beat(cluster, 950, cached, read_at)
+    cluster.tick()
+    tasks = lru_beat(cluster, 950, cached, read_at)["tasks"]
+    assert [(t["kind"], t["dataset"]) for t in tasks] == [("free", "old")]
+    assert "least recently used" in tasks[0]["reason"]
+    cluster.tick()  # one free at a time per node
+    assert len(lru_beat(cluster, 950, cached, read_at)["tasks"]) == 1
+
+    # The worker freed all but its reserve (100 bytes stay); still under pressure: "new" next,
+    # not "old" again (freed and not read since), and never "hot" (the newest, and locked).
+    cached = {**cached, "old": 100}
+    lru_beat(cluster, 950, cached, read_at, tasks_done={tasks[0]["id"]: {"freed_bytes": 200}})
+    cluster.tick()
+    tasks = lru_beat(cluster, 950, cached, read_at)["tasks"]
+    assert [(t["kind"], t["dataset"]) for t in tasks] == [("free", "new")]
+
+
+# --- scaling -------------------------------------------------------------------------------------
+
+
+def moved(dataset: str, before: list[str], after: list[str]) -> int:
+    old, new = owner_table(dataset, before), owner_table(dataset, after)
+    return sum(old[s] != new[s] for s in range(SHARDS))
+
+
+def test_scale_out_then_in_hands_shards_off(cluster: Cluster) -> None:
+    cluster.add_dataset(spec("imagenet"), nodes=["n1", "n2"])
+    beat_all(cluster, ["n1", "n2", "n3"])
+    manager = cluster.manager
+    out = manager.scale("imagenet", "A", ["n3"], [])
+    assert out["moved_shards"] == moved("imagenet", ["n1", "n2"], ["n1", "n2", "n3"])
+    assert 0 < out["moved_shards"] < SHARDS // 2
+    view = beat(cluster, "n3")["datasets"][0]
+    assert view["copies"] == {"A": ["n1", "n2", "n3"]}
+    assert view["fills"] == {"A": {"id": "A-1", "from": ["n1", "n2"]}}
+    with pytest.raises(CopyBusy, match="still being filled"):
+        manager.scale("imagenet", "A", [], ["n1"])
+
+    for node in ("n1", "n2"):
+        beat(cluster, node, fills={"imagenet": {"copy": "A", "id": "A-1", "done": True}})
+    cluster.tick()
+    assert cluster.dataset_status("imagenet")["copies"][0]["fill"] is not None  # n3 not done
+    beat(cluster, "n3", fills={"imagenet": {"copy": "A", "id": "A-1", "done": True}})
+    cluster.tick()
+    assert cluster.dataset_status("imagenet")["copies"][0]["fill"] is None
+    # The old owners drop the shards they handed off.
+    assert [t["kind"] for t in beat(cluster, "n1")["tasks"]] == ["trim"]
+    assert [t["kind"] for t in beat(cluster, "n2")["tasks"]] == ["trim"]
+    assert beat(cluster, "n3")["tasks"] == []
+
+    inward = manager.scale("imagenet", "A", [], ["n1"])
+    assert inward["moved_shards"] == moved("imagenet", ["n1", "n2", "n3"], ["n2", "n3"])
+    view = beat(cluster, "n1")["datasets"][0]
+    assert view["copies"] == {"A": ["n2", "n3"]}
+    assert view["fills"] == {"A": {"id": "A-2", "from": ["n1", "n2", "n3"]}}
+    events = [e for e in manager.list_events("imagenet") if e["kind"] == "scale"]
+    assert events[-1]["removed"] == ["n1"] and events[-1]["moved_shards"] == inward["moved_shards"]
+
+
+def test_scale_refuses_what_cannot_be(cluster: Cluster) -> None:
+    cluster.add_dataset(spec("imagenet", max_jobs_per_copy=1, overflow="clone"), nodes=["n1"])
+    beat_all(cluster, ["n1", "n2", "n3"])
+    cluster.manager.submit("j1", "imagenet", 1)
+    cluster.manager.submit("j2", "imagenet", 1, ["n2"])  # clone B on n2
+    manager = cluster.manager
+    with pytest.raises(NodeNotFound):
+        manager.scale("imagenet", "A", ["n9"], [])
+    with pytest.raises(ConfigError, match="already belong to another copy"):
+        manager.scale("imagenet", "A", ["n2"], [])
+    with pytest.raises(ConfigError, match="not in copy A"):
+        manager.scale("imagenet", "A", [], ["n3"])
+    with pytest.raises(ConfigError, match="at least one node"):
+        manager.scale("imagenet", "A", [], ["n1"])
+    with pytest.raises(ConfigError, match="has no copy 'Q'"):
+        manager.scale("imagenet", "Q", ["n3"], [])
+
+
+def test_a_scale_that_a_node_never_reports_times_out(cluster: Cluster, clock: FakeClock) -> None:
+    cluster.add_dataset(spec("imagenet"), nodes=["n1"])
+    beat_all(cluster, ["n1", "n2"])
+    cluster.manager.scale("imagenet", "A", ["n2"], [])
+    wait(cluster, clock, 3601, ["n1", "n2"])
+    assert cluster.dataset_status("imagenet")["copies"][0]["fill"] is None
+    assert any("timed out" in e["message"] for e in cluster.manager.list_events("imagenet"))
