@@ -5,6 +5,7 @@ RAM-tier dir and FUSE mount. Started with the same CLI a user runs."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -23,8 +24,16 @@ DOWN_AFTER = "1.5s"
 
 
 class CoordinatorProcess:
-    def __init__(self, base_dir: str, *, store: str | None = None, env: dict | None = None):
+    def __init__(
+        self,
+        base_dir: str,
+        *,
+        store: str | None = None,
+        env: dict | None = None,
+        extra_args: tuple[str, ...] = (),
+    ):
         self.base_dir = base_dir
+        self.extra_args = extra_args
         self.state = os.path.join(base_dir, "coordinator")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -44,6 +53,7 @@ class CoordinatorProcess:
         ]  # fmt: skip
         if self.store:
             args += ["--store", self.store]
+        args += self.extra_args
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -92,6 +102,7 @@ class ClusterWorker(WorkerProcess):
         coordinator: CoordinatorProcess,
         *,
         ram: str = "256MiB",
+        ram_reserve: str = "0",
         peer_timeout: str = "1s",
         env: dict | None = None,
     ):
@@ -100,6 +111,7 @@ class ClusterWorker(WorkerProcess):
         super().__init__(
             base_dir,
             ram=ram,
+            ram_reserve=ram_reserve,
             env={**(env or {}), "CACHEFS_TOKEN": TOKEN},
             command=(
                 "worker", "--coordinator", coordinator.url, "--node", node,
@@ -120,9 +132,13 @@ class Cluster:
         store: str | None = None,
         env: dict | None = None,
         ram: str = "256MiB",
+        ram_reserve: str = "0",
+        coordinator_args: tuple[str, ...] = (),
     ):
         self.base_dir = base_dir
-        self.coordinator = CoordinatorProcess(base_dir, store=store, env=env)
+        self.coordinator = CoordinatorProcess(
+            base_dir, store=store, env=env, extra_args=coordinator_args
+        )
         self.workers = [
             ClusterWorker(
                 os.path.join(base_dir, f"n{i}"),
@@ -131,6 +147,7 @@ class Cluster:
                 self.coordinator,
                 env=env,
                 ram=ram,
+                ram_reserve=ram_reserve,
             )
             for i in range(1, nodes + 1)
         ]
@@ -169,6 +186,9 @@ class Cluster:
         wait_for(over, f"preload of {name}", timeout)
         return job
 
+    def worker(self, node: str) -> ClusterWorker:
+        return next(w for w in self.workers if w.node == node)
+
     def cleanup(self) -> None:
         for worker in self.workers:
             worker.cleanup()
@@ -186,3 +206,37 @@ def wait_for(condition, what: str, timeout: float = 30.0, interval: float = 0.1)
             pass
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_all(mount: str, files: dict[str, bytes], name: str = "ds") -> list[str]:
+    """Read every file through a mount; returns the problems found (never raises)."""
+    problems = []
+    keys = list(files)
+    random.shuffle(keys)
+    for key in keys:
+        try:
+            with open(os.path.join(mount, name, key), "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            problems.append(f"{key}: {exc}")
+            continue
+        if data != files[key]:
+            problems.append(f"{key}: wrong bytes ({len(data)} vs {len(files[key])})")
+    return problems
+
+
+def total_bytes(files: dict[str, bytes], prefix: str = "") -> int:
+    return sum(len(d) for k, d in files.items() if k.startswith(prefix))
+
+
+def locality_settled(cluster: Cluster, name: str, expected: int) -> dict:
+    """The locality report once heartbeats have carried ``expected`` cached bytes."""
+    report = {}
+
+    def settled() -> bool:
+        nonlocal report
+        report = cluster.client.locality(name)
+        return report["cached_bytes"] == expected
+
+    wait_for(settled, f"{expected} cached bytes of {name} in the locality API", timeout=15)
+    return report

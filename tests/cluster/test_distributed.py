@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.cluster_process import Cluster, wait_for
+from tests.cluster_process import Cluster, locality_settled, read_all, total_bytes, wait_for
 from tests.worker_process import drop_page_cache
 
 BLOCK = 256 << 10  # small blocks: multi-block files stay cheap
@@ -60,40 +60,6 @@ def add(cluster: Cluster, bucket, fault_proxy, name: str = "ds") -> dict[str, by
         name, f"s3://{bucket_name}/ds", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=5
     )
     return files
-
-
-def read_all(mount: str, files: dict[str, bytes], name: str = "ds") -> list[str]:
-    """Read every file through a mount; returns the problems found (never raises)."""
-    problems = []
-    keys = list(files)
-    random.shuffle(keys)
-    for key in keys:
-        try:
-            with open(os.path.join(mount, name, key), "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            problems.append(f"{key}: {exc}")
-            continue
-        if data != files[key]:
-            problems.append(f"{key}: wrong bytes ({len(data)} vs {len(files[key])})")
-    return problems
-
-
-def total_bytes(files: dict[str, bytes], prefix: str = "") -> int:
-    return sum(len(d) for k, d in files.items() if k.startswith(prefix))
-
-
-def locality_settled(cluster: Cluster, name: str, expected: int) -> dict:
-    """The locality report once heartbeats have carried ``expected`` cached bytes."""
-    report = {}
-
-    def settled() -> bool:
-        nonlocal report
-        report = cluster.client.locality(name)
-        return report["cached_bytes"] == expected
-
-    wait_for(settled, f"{expected} cached bytes of {name} in the locality API", timeout=15)
-    return report
 
 
 def test_preload_then_every_node_reads_everything_without_the_store(cluster, bucket, fault_proxy):
