@@ -216,8 +216,28 @@ def cmd_status(args) -> int:
         f"cache: {cache['admitted']} admitted, {cache['refused']} refused, "
         f"{cache['evicted']} evicted, {cache['corrupt']} corrupt dropped"
     )
+    _print_cleanup(status)
     _print_datasets(status["datasets"])
     return 0
+
+
+def _print_cleanup(status: dict) -> None:
+    """What the coordinator's cleanup freed here, and the copying of clone fills/hand-offs."""
+    freed = status.get("cleanup", {}).get("freed_bytes", {})
+    if freed:
+        parts = [
+            f"{dataset} {format_size(nbytes)} ({kind})"
+            for dataset, kinds in sorted(freed.items())
+            for kind, nbytes in sorted(kinds.items())
+        ]
+        print(f"cleanup: freed {', '.join(parts)}")
+    blocks = status.get("fill", {}).get("blocks", {})
+    if any(blocks.values()):
+        print(
+            f"fills: {blocks.get('copied', 0)} blocks copied from peers "
+            f"({format_size(status['fill']['bytes'])}), {blocks.get('absent', 0)} absent, "
+            f"{blocks.get('failed', 0)} failed"
+        )
 
 
 def _print_datasets(datasets: list[dict]) -> None:

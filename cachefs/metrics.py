@@ -76,9 +76,16 @@ class WorkerMetrics:
         self.store_bytes = 0
         # peers: blocks this node asked other nodes for, by outcome ("ok", "failed" — then the
         # store was read instead —, "cooling", "refused"), and blocks it served to them
+        # ("fill_ok", "fill_refused", … : cached-only requests to the fill source of a block
+        # this node owns while its copy is being filled)
         self.peer_requests: dict[str, int] = {}
         self.peer_served = 0
         self.peer_serve_errors = 0
+        # background fills: blocks tried, by outcome, and bytes copied into the cache
+        self.fill_blocks = {"copied": 0, "absent": 0, "failed": 0}
+        self.fill_bytes = 0
+        # cleanup tasks: bytes freed per (dataset, task kind)
+        self.freed_bytes: dict[tuple[str, str], int] = {}
         # FUSE
         self.fuse_latency = LabeledHistograms()  # op -> seconds
         self.fuse_errors: dict[str, int] = {}  # errno name -> count
@@ -87,6 +94,10 @@ class WorkerMetrics:
         key = (op, outcome)
         self.store_requests[key] = self.store_requests.get(key, 0) + 1
         self.store_latency.get(op).observe(seconds)
+
+    def cache_freed(self, dataset: str, kind: str, nbytes: int) -> None:
+        key = (dataset, kind)
+        self.freed_bytes[key] = self.freed_bytes.get(key, 0) + nbytes
 
     def peer_request(self, outcome: str) -> None:
         self.peer_requests[outcome] = self.peer_requests.get(outcome, 0) + 1
@@ -145,6 +156,25 @@ class _WorkerCollector(Collector):
         yield CounterMetricFamily(
             "cachefs_peer_blocks_served", "Blocks served to other nodes", value=m.peer_served
         )
+        fills = CounterMetricFamily(
+            "cachefs_fill_blocks",
+            "Blocks a fill tried to copy from the nodes that held them",
+            labels=["outcome"],
+        )
+        for outcome, n in m.fill_blocks.items():
+            fills.add_metric([outcome], n)
+        yield fills
+        yield CounterMetricFamily(
+            "cachefs_fill_bytes", "Bytes copied into the cache by fills", value=m.fill_bytes
+        )
+        freed = CounterMetricFamily(
+            "cachefs_cache_freed_bytes",
+            "Bytes freed by cleanup tasks (free: a copy released; trim: shards handed off)",
+            labels=["dataset", "kind"],
+        )
+        for (dataset, kind), n in sorted(m.freed_bytes.items()):
+            freed.add_metric([dataset, kind], n)
+        yield freed
         yield _histogram_family(
             "cachefs_store_request_seconds", "Object-store request latency", "op", m.store_latency
         )

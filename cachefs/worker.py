@@ -1,6 +1,7 @@
 """The per-node worker: one trio nursery running the FUSE mount, the control API, the metrics
 endpoint and housekeeping; in cluster mode (`cachefs worker`) also the peer block server, the
-heartbeat agent and the preloader. `cachefs up` runs it alone in the foreground.
+heartbeat agent, the preloader, the filler and the cleanup task runner. `cachefs up` runs it
+alone in the foreground.
 
 Lifecycle: take the state-directory lock → open the cache index and registry → open each
 dataset's snapshot → mount → serve until SIGINT/SIGTERM or `cachefs down` → unmount cleanly →
@@ -31,16 +32,17 @@ from cachefs.cache.base import BlockKey, source_id_of
 from cachefs.client import CoordinatorClient
 from cachefs.cluster.agent import ClusterAgent
 from cachefs.cluster.fetchers import FetcherPool
+from cachefs.cluster.fill import Filler
 from cachefs.cluster.membership import Membership
 from cachefs.cluster.preload import Preloader
+from cachefs.cluster.tasks import TaskRunner
 from cachefs.control import WorkerAPI, create_control_app, create_metrics_app
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound, PathNotFound
 from cachefs.fs import fuse_ops
-from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
+from cachefs.fs.blocks import BlockReader, DataSource, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
 from cachefs.meta import BuildResult, Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics, counter, gauge, make_registry
-from cachefs.peer.base import BlockRequest
 from cachefs.peer.client import PeerClient
 from cachefs.peer.server import create_peer_app
 from cachefs.pidlock import LockHeld, take_pid_lock
@@ -91,6 +93,7 @@ class WorkerConfig:
     peer_timeout_s: float = 2.0  # a dead or stalled peer costs at most this, then the store
     preload_processes: int = 2  # fetcher processes for preload (0: fetch in threads)
     preload_concurrency: int = 16  # blocks in flight per node during a preload
+    fill_concurrency: int = 8  # blocks in flight per node while filling a copy from peers
 
     @property
     def socket_path(self) -> str:
@@ -118,6 +121,8 @@ class Worker(WorkerAPI):
         self.peers: PeerClient | None = None
         self.agent: ClusterAgent | None = None
         self.preloader: Preloader | None = None
+        self.filler: Filler | None = None
+        self.tasks: TaskRunner | None = None
         self._fetchers: FetcherPool | None = None
         self._refresh_epochs: dict[str, int] = {}
 
@@ -238,6 +243,8 @@ class Worker(WorkerAPI):
                     background.start_soon(self._watch_signals)
                     if self.agent is not None:
                         await background.start(self.preloader.run)
+                        await background.start(self.filler.run)
+                        await background.start(self.tasks.run)
                         await background.start(self.agent.run)
                     task_status.started()
                     await self._shutdown.wait()
@@ -254,44 +261,42 @@ class Worker(WorkerAPI):
 
     async def _start_cluster(self, nursery: trio.Nursery) -> None:
         """Cluster mode: the peer block server, the peer client the read path uses, the
-        preloader and the heartbeat agent (started by the caller)."""
+        preloader, the filler, the task runner and the heartbeat agent (started by the
+        caller)."""
         cfg = self.config
         self.peers = PeerClient(cfg.token, timeout_s=cfg.peer_timeout_s)
         self.fs.reader.peers = self.peers
         self.fs.reader.route = self.membership
         await nursery.start(
-            self._serve_http, create_peer_app(self._serve_peer_block, cfg.token), cfg.listen, "peer"
+            self._serve_http,
+            create_peer_app(self.fs.serve_peer_block, cfg.token),
+            cfg.listen,
+            "peer",
         )
         self._fetchers = FetcherPool(cfg.preload_processes)
         self.preloader = Preloader(
             self, self.cache, self.membership, self._fetchers, concurrency=cfg.preload_concurrency
         )
+        self.filler = Filler(
+            self,
+            self.cache,
+            self.peers,
+            self.membership,
+            self.metrics,
+            concurrency=cfg.fill_concurrency,
+        )
+        self.tasks = TaskRunner(self, self.cache, self.membership, self.metrics)
         self.agent = ClusterAgent(
             self,
             CoordinatorClient(cfg.coordinator, cfg.token, timeout=10.0),
             cfg.node,
             self.membership,
             self.preloader,
+            self.filler,
+            self.tasks,
             state_dir=cfg.state_dir,
             interval_s=cfg.heartbeat_interval_s,
         )
-
-    async def _serve_peer_block(self, request: BlockRequest) -> bytes:
-        """A block another node asked this node, the shard's owner, for. The file must be the
-        one our snapshot serves (same etag and size): otherwise LookupError → 404, and the
-        asker reads the store itself."""
-        dataset = self.fs.dataset(request.dataset)
-        if dataset is None or dataset.source.block_size != request.block_size:
-            raise LookupError(request.dataset)
-        entry = dataset.snapshot.resolve(request.key)
-        if (
-            entry is None
-            or entry.is_dir
-            or (entry.etag, entry.size) != (request.etag, request.size)
-        ):
-            raise LookupError(request.key)
-        version = FileVersion(entry.key, entry.etag, entry.size)
-        return await self.fs.reader.read_owned_block(dataset.source, version, request.index)
 
     async def _serve_http(self, app, bind: str, name: str, *, task_status) -> None:
         """Serve an ASGI app with hypercorn until shutdown, finishing in-flight requests."""
@@ -560,8 +565,10 @@ class Worker(WorkerAPI):
         await self._blocking(self.registry.update, spec)
 
     def cluster_report(self) -> dict[str, Any]:
-        """This node's heartbeat: peer address, tiers, and per dataset its size and the bytes
-        cached here, in total and per shard (the coordinator's locality data)."""
+        """This node's heartbeat: peer address, tiers, and per dataset its size, the bytes
+        cached here, in total and per shard (the coordinator's locality data), and when it was
+        last read here (idle-copy cleanup). The agent adds preload, fill and task results."""
+        last_read_at = self.fs.reader.last_read_at
         datasets = {}
         for dataset in self.fs.datasets():
             stats = dataset.snapshot.stats
@@ -574,6 +581,7 @@ class Worker(WorkerAPI):
                     str(shard): nbytes
                     for shard, nbytes in self.cache.cached_bytes_by_shard(source_id).items()
                 },
+                "last_read_at": last_read_at.get(dataset.name, 0.0),
             }
         return {
             "address": self.config.listen,
@@ -583,6 +591,10 @@ class Worker(WorkerAPI):
             ],
             "datasets": datasets,
         }
+
+    def served_source_id(self, dataset: str) -> int | None:
+        mounted = self.fs.dataset(dataset)
+        return None if mounted is None else mounted.source.source_id
 
     def preload_source(self, dataset: str):
         mounted = self.fs.dataset(dataset)
@@ -656,7 +668,9 @@ class Worker(WorkerAPI):
                 "requests": dict(m.peer_requests),
                 "blocks_served": m.peer_served,
             },
+            "fill": {"blocks": dict(m.fill_blocks), "bytes": m.fill_bytes},
             "cluster": self._cluster_status(),
+            "cleanup": self._cleanup_status(),
             "open_files": self.fs.open_handles(),
             "datasets": self.list_datasets(),
             "rss_bytes": rss_bytes(),
@@ -676,6 +690,17 @@ class Worker(WorkerAPI):
                 "fetched_bytes": self.preloader.fetched_bytes,
                 "failures": self.preloader.fetch_failures,
             },
+            "fills": self.filler.reports(),
+        }
+
+    def _cleanup_status(self) -> dict[str, Any]:
+        """Bytes freed by cleanup tasks per dataset and kind, and the last tasks run."""
+        freed: dict[str, dict[str, int]] = {}
+        for (dataset, kind), nbytes in sorted(self.metrics.freed_bytes.items()):
+            freed.setdefault(dataset, {})[kind] = nbytes
+        return {
+            "freed_bytes": freed,
+            "tasks": [] if self.tasks is None else list(self.tasks.history),
         }
 
     def resolve(self, dataset: str, path: str) -> dict[str, Any]:

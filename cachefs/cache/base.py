@@ -15,6 +15,7 @@ Implementations are *blocking* and thread-safe: the FUSE core calls ``locate`` a
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -124,6 +125,11 @@ class BlockCache(Protocol):
 
     def evict_source(self, source_id: int) -> int:
         """Remove every block of one source (dataset removal). Returns bytes freed."""
+        ...
+
+    def free_blocks(self, source_id: int, shards: Collection[int] | None = None) -> int:
+        """Evict every non-reserved block of one source (of ``shards`` only, if given), from
+        all tiers; the reserve stays. Counted as evictions. Returns bytes freed."""
         ...
 
     def block_path(self, key: BlockKey) -> str | None:

@@ -187,6 +187,27 @@ class IndexWriter:
         records = _scan_prefix(cursor, source_id.to_bytes(8, "big"))
         return [(raw, Entry.unpack(value)) for raw, value in itertools.islice(records, limit)]
 
+    def evictable_by_prefix(
+        self, prefix: bytes, limit: int, after: bytes | None = None
+    ) -> tuple[list[tuple[bytes, Entry]], bytes | None]:
+        """The non-reserved entries among the next ``limit`` entries whose key starts with
+        ``prefix`` (after the key ``after``, if given), in key order. Returns them and the last
+        key looked at, to resume from — None once the prefix is exhausted. Bounded by entries
+        looked at, reserved ones included: a prefix full of reserved blocks neither holds one
+        transaction long nor is walked again for every batch."""
+        start = prefix if after is None else after + b"\0"  # keys have one length
+        chosen: list[tuple[bytes, Entry]] = []
+        last = None
+        records = _scan_from(self._txn.cursor(db=self._index.blocks_db), start, prefix)
+        for looked, (raw, value) in enumerate(records):
+            if looked == limit:
+                return chosen, last
+            last = raw
+            entry = Entry.unpack(value)
+            if not entry.reserved:
+                chosen.append((raw, entry))
+        return chosen, None
+
     def register_tier(self, name: str, record: TierRecord) -> None:
         value = _TIER_RECORD.pack(record.tier_id, bytes.fromhex(record.instance_id))
         self._txn.put(_META_TIER + name.encode(), value, db=self._index.meta_db)
@@ -222,7 +243,12 @@ def _read_tier_totals(txn: lmdb.Transaction, meta_db: lmdb._Database, tier_id: i
 
 def _scan_prefix(cursor: lmdb.Cursor, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
     """(key, value) of every record whose key starts with ``prefix``, in key order."""
-    if not cursor.set_range(prefix):
+    return _scan_from(cursor, prefix, prefix)
+
+
+def _scan_from(cursor: lmdb.Cursor, start: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """Like :func:`_scan_prefix`, from the first key at or after ``start``."""
+    if not cursor.set_range(start):
         return
     for key, value in cursor.iternext():
         if not key.startswith(prefix):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Collection
 
 from cachefs.cache.base import BlockKey, CacheCounters, TierUsage, checksum
 from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TierRecord, TotalsDelta
@@ -402,6 +403,35 @@ class TieredBlockCache:
             if not batch:
                 return freed
             freed += self._finish_removal(batch, writer.delta)
+
+    def free_blocks(self, source_id: int, shards: Collection[int] | None = None) -> int:
+        """Evict every non-reserved block of one source — of the given shards only, if any —
+        from all tiers (cleanup: a copy freed, a node trimmed to the shards it owns). Reserved
+        blocks stay. Counted as evictions. Returns the bytes freed."""
+        self._check_open()
+        source = source_id.to_bytes(8, "big")
+        if shards is None:
+            prefixes = [source]
+        else:
+            # Only shards with cached bytes: a trim names most of the 1024 shards, usually
+            # holding nothing of this source here.
+            held = self.cached_bytes_by_shard(source_id)
+            prefixes = [
+                source + shard.to_bytes(2, "big") for shard in sorted(set(shards) & held.keys())
+            ]
+        freed = 0
+        for prefix in prefixes:
+            after = None
+            while True:  # batches, so that one huge dataset does not hold the write lock long
+                with self._index.write() as writer:
+                    batch, after = writer.evictable_by_prefix(prefix, _REMOVE_BATCH, after)
+                    for raw, entry in batch:
+                        writer.remove(raw, entry)
+                if batch:
+                    freed += self._finish_removal(batch, writer.delta, evicted=True)
+                if after is None:
+                    break
+        return freed
 
     def _drop(self, raw: bytes, bad: Entry, *, corrupt: bool) -> None:
         """Drop a block that failed verification or whose file vanished — unless its entry now

@@ -1,10 +1,13 @@
 """The worker's link to the coordinator: heartbeats out, the cluster view back.
 
 Every interval the agent sends this node's report (peer address, tier usage, cached bytes per
-dataset and shard, preload progress) and gets the view: live membership per copy (→ the shard
-owners the read path uses), the datasets the node must serve (→ added, removed, refreshed here),
-and the running preload jobs (→ the preloader). The coordinator being down changes nothing: the
-last view stays in force, reads go on, and heartbeats resume when it is back.
+dataset and shard, last read per dataset, preload and fill progress, cleanup tasks done) and
+gets the view: live membership per copy and the copies being filled (→ the shard owners and
+fill sources the read path uses, and the filler), the datasets the node must serve (→ added,
+removed, refreshed here), the running preload jobs (→ the preloader) and this node's cleanup
+tasks (→ the task runner, once the membership of the same view is applied). The coordinator
+being down changes nothing: the last view stays in force, reads go on, and heartbeats resume
+when it is back.
 
 Datasets are reconciled in a task of their own, because building a snapshot can take many
 seconds and heartbeats must not stop meanwhile (the node would be marked down).
@@ -22,8 +25,10 @@ from cachefs.client import ControlError, CoordinatorClient, CoordinatorUnavailab
 from cachefs.errors import CachefsError
 from cachefs.protocol import DatasetSpec
 
+from .fill import Filler
 from .membership import Membership
 from .preload import Preloader
+from .tasks import TaskRunner
 
 log = logging.getLogger("cachefs.cluster")
 
@@ -51,6 +56,8 @@ class ClusterAgent:
         node: str,
         membership: Membership,
         preloader: Preloader,
+        filler: Filler,
+        tasks: TaskRunner,
         *,
         state_dir: str,
         interval_s: float = 2.0,
@@ -60,6 +67,8 @@ class ClusterAgent:
         self.node = node
         self.membership = membership
         self.preloader = preloader
+        self.filler = filler
+        self.tasks = tasks
         self.interval_s = interval_s
         self.connected = False
         self.last_view: dict | None = None
@@ -79,6 +88,8 @@ class ClusterAgent:
     async def beat(self) -> None:
         report = self.worker.cluster_report()
         report["preloads"] = self.preloader.reports()
+        report["fills"] = self.filler.reports()
+        report["tasks_done"] = self.tasks.reports()
         try:
             view = await trio.to_thread.run_sync(self.client.heartbeat, self.node, report)
         except (CoordinatorUnavailable, ControlError) as exc:
@@ -96,6 +107,8 @@ class ClusterAgent:
             log.info("membership changed: shard owners recomputed")
         live = {d["spec"]["name"]: d["copies"] for d in view["datasets"]}
         self.preloader.assign(view["preloads"], live)
+        self.filler.assign(self.membership.fill_assignments())
+        self.tasks.assign(view.get("tasks") or [])  # after the membership: trims depend on it
         self._reconcile_wanted.set()
 
     def _same_cluster(self, cluster_id: str) -> bool:

@@ -14,6 +14,10 @@ This is the heart of the read path (DESIGN.md "Read path"):
   here ("passive caching off": one cached copy per block per copy of the dataset). A peer that
   fails costs one bounded timeout (then a cool-down skips it): the block is read from the store
   instead, also without admitting it — its owner will cache it.
+* While this node's copy is being filled (a clone, a scale hand-off), a block it owns and does
+  not hold is first asked, cached-only, of the node that held it before (the *fill source*):
+  a copy over the network instead of a store read. Only if that node does not have it either
+  (or fails) is the store read.
 * A small in-memory set of recently fetched blocks serves the rest of a block to sequential
   readers when the block could not be admitted (avoid-eviction with full tiers): without it, a
   4 MiB block read through in 128 KiB FUSE requests would be fetched 32 times.
@@ -105,6 +109,11 @@ class PeerRoute(Protocol):
         fetches the block itself (it owns the shard, or there is no cluster)."""
         ...
 
+    def fill_address(self, dataset: str, shard: int) -> str | None:
+        """Address of the shard's fill source when this node's copy is being filled from
+        another node; None otherwise."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ReadLimits:
@@ -133,9 +142,13 @@ class BlockReader:
         self._admit_limiter = trio.CapacityLimiter(limits.admit_threads)
         self._recent = _RecentBlocks(limits.recent_bytes)
         self._flights: dict[bytes, _Flight] = {}
+        # dataset -> time.time() of its last read here, by a local reader or a peer (what the
+        # coordinator's idle-copy cleanup looks at). One dict store per read request.
+        self.last_read_at: dict[str, float] = {}
 
     async def read(self, source: DataSource, file: FileVersion, offset: int, size: int) -> bytes:
         """Bytes ``[offset, offset+size)`` of ``file``, clipped at its end."""
+        self.last_read_at[source.dataset] = time.time()
         end = min(offset + size, file.size)
         if offset >= end:
             return b""
@@ -182,23 +195,44 @@ class BlockReader:
 
     async def read_owned_block(self, source: DataSource, file: FileVersion, index: int) -> bytes:
         """A whole block for a peer that asked this node, its owner: from the cache, else from
-        the store and admitted here. Never forwarded to another node (two nodes with different
-        views of the membership must not send a request back and forth)."""
+        the store and admitted here. Never forwarded to another node as a plain request (two
+        nodes with different views of the membership must not send one back and forth).
+
+        For up to a heartbeat after a membership change (a scale, a clone) the asker may know
+        before this node does that this node owns the shard. If this node's view still names
+        another owner, that node likely holds the block: it is asked cached-only (which is
+        never forwarded again), and this node does not admit the block until its own view
+        says it owns the shard — the hand-off or fill copies it then."""
+        self.last_read_at[source.dataset] = time.time()
         key = BlockKey.make(source.source_id, file.key, file.etag, index)
-        tier = self.cache.locate(key)
-        if tier is not None:
-            if tier == "ram":
-                data = self.cache.read(key)
-            else:
-                data = await trio.to_thread.run_sync(
-                    self.cache.read, key, limiter=self._disk_limiter
-                )
-            if data is not None:
-                self.metrics.peer_served += 1
-                return data
-        data, _ = await self._fetch(source, file, index, key)
+        data = await self._read_whole_cached(key)
+        if data is None:
+            holder = self.route.owner_address(source.dataset, key.shard) if self.route else None
+            data, _ = await self._fetch(source, file, index, key, holder=holder)
         self.metrics.peer_served += 1
         return data
+
+    async def read_cached_block(
+        self, source: DataSource, file: FileVersion, index: int
+    ) -> bytes | None:
+        """A whole block from this node's cache only, or None if it is not cached (a peer's
+        cached-only request: never the store, never another node). Not counted as a read of
+        the dataset: it is a copy being filled, not a job reading, and counting it would keep
+        the copy it is cloned from looking busy."""
+        data = await self._read_whole_cached(
+            BlockKey.make(source.source_id, file.key, file.etag, index)
+        )
+        if data is not None:
+            self.metrics.peer_served += 1
+        return data
+
+    async def _read_whole_cached(self, key: BlockKey) -> bytes | None:
+        tier = self.cache.locate(key)
+        if tier is None:
+            return None
+        if tier == "ram":
+            return self.cache.read(key)
+        return await trio.to_thread.run_sync(self.cache.read, key, limiter=self._disk_limiter)
 
     async def _fetch(
         self,
@@ -208,9 +242,13 @@ class BlockReader:
         key: BlockKey,
         *,
         peer: str | None = None,
+        holder: str | None = None,
     ) -> tuple[bytes, str]:
-        """Fetch a whole block — from ``peer`` if given, else from the store and admit it — with
-        one fetch per block at a time. Returns the data and where it came from."""
+        """Fetch a whole block with one fetch per block at a time: from ``peer`` (the owner) if
+        given; else this node is the owner: from the fill source if there is one, else from
+        the store, and admit it. ``holder``: a node that is not the fill source but may hold
+        the block (see :meth:`read_owned_block`): asked cached-only first, and the block is
+        not admitted. Returns the data and where it came from."""
         while True:
             flight = self._flights.get(key.raw)
             if flight is None:
@@ -228,19 +266,23 @@ class BlockReader:
             data = None
             if peer is not None:
                 data = await self._get_from_peer(peer, source, file, index)
+            elif self.route is not None:
+                fill = holder or self.route.fill_address(source.dataset, key.shard)
+                if fill is not None:
+                    data = await self._get_from_peer(fill, source, file, index, cached_only=True)
+            if data is not None:
                 flight.where = "peer"
-            if data is None:
+            else:
                 data = await self._get_from_store(source, file, index)
                 flight.where = "store"
-                # Not the owner: read through, so the block stays cached once per copy.
-                admitted = None
-                if peer is None:
-                    admitted = await trio.to_thread.run_sync(
-                        self.cache.put, key, data, limiter=self._admit_limiter
-                    )
-                if admitted is None:
-                    self._recent.put(key.raw, data)
-            else:
+            # Only the owner admits; a non-owner reads through, so the block stays cached once
+            # per copy.
+            admitted = None
+            if peer is None and holder is None:
+                admitted = await trio.to_thread.run_sync(
+                    self.cache.put, key, data, limiter=self._admit_limiter
+                )
+            if admitted is None:
                 self._recent.put(key.raw, data)
             flight.data = data
             return data, flight.where
@@ -252,27 +294,36 @@ class BlockReader:
             flight.done.set()
 
     async def _get_from_peer(
-        self, address: str, source: DataSource, file: FileVersion, index: int
+        self,
+        address: str,
+        source: DataSource,
+        file: FileVersion,
+        index: int,
+        *,
+        cached_only: bool = False,
     ) -> bytes | None:
-        """The block from its owner, or None when the owner cannot serve it (then the caller
-        reads the store): a peer problem never becomes a read error."""
+        """The block from its owner (or, ``cached_only``, from the fill source's cache), or
+        None when that node cannot serve it (then the caller reads the store): a peer problem
+        never becomes a read error. Outcomes of fill-source requests are counted as
+        ``fill_<outcome>``: a "not cached" there is expected, not a peer declining."""
         request = BlockRequest(
-            source.dataset, file.key, file.etag, file.size, index, source.block_size
+            source.dataset, file.key, file.etag, file.size, index, source.block_size, cached_only
         )
+        label = "fill_" if cached_only else ""
         try:
             data = await self.peers.get_block(address, request)
         except PeerUnavailable:
-            self.metrics.peer_request("cooling")
+            self.metrics.peer_request(label + "cooling")
             return None
         except PeerRefused as exc:
-            self.metrics.peer_request("refused")
+            self.metrics.peer_request(label + "refused")
             log.debug("peer %s declined a block, reading the store: %s", address, exc)
             return None
         except PeerError as exc:
-            self.metrics.peer_request("failed")
+            self.metrics.peer_request(label + "failed")
             log.info("peer read from %s failed, reading the store: %s", address, exc)
             return None
-        self.metrics.peer_request("ok")
+        self.metrics.peer_request(label + "ok")
         return data
 
     async def _get_from_store(self, source: DataSource, file: FileVersion, index: int) -> bytes:

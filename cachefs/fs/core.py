@@ -22,6 +22,7 @@ from cachefs.errors import BadFileHandle, IsADirectory, NotADirectory, PathNotFo
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
 from cachefs.meta import ROOT as SNAPSHOT_ROOT
 from cachefs.meta import Entry, Snapshot
+from cachefs.peer.base import BlockRequest, NotCached
 
 MOUNT_ROOT = 1
 SLOT_SHIFT = 48
@@ -207,6 +208,32 @@ class FileSystem:
         dataset, entry = self._file_entry(ino)
         version = FileVersion(entry.key, entry.etag, entry.size)
         return await self.reader.read(dataset.source, version, offset, size)
+
+    async def serve_peer_block(self, request: BlockRequest) -> bytes:
+        """A whole block another node asked this node for (the peer server's ``serve_block``).
+        The file must be the one our snapshot serves (same etag and size): otherwise
+        LookupError → 404, and the asker reads the store itself.
+
+        A plain request comes to the shard's owner: from the cache, else fetched and admitted
+        here. A cached-only one comes from a node filling its copy from this one: from the
+        cache, else NotCached → 404 — never the store."""
+        dataset = self.dataset(request.dataset)
+        if dataset is None or dataset.source.block_size != request.block_size:
+            raise LookupError(request.dataset)
+        entry = dataset.snapshot.resolve(request.key)
+        if (
+            entry is None
+            or entry.is_dir
+            or (entry.etag, entry.size) != (request.etag, request.size)
+        ):
+            raise LookupError(request.key)
+        version = FileVersion(entry.key, entry.etag, entry.size)
+        if request.cached_only:
+            data = await self.reader.read_cached_block(dataset.source, version, request.index)
+            if data is None:
+                raise NotCached(request.key)
+            return data
+        return await self.reader.read_owned_block(dataset.source, version, request.index)
 
     def release(self, fh: int) -> None:
         self._open.pop(fh, None)

@@ -27,7 +27,17 @@ class PeerUnavailable(PeerError):
 
 
 class PeerRefused(PeerError):
-    """The peer answered but declined (not its file, its own store fetch failed): it is healthy."""
+    """The peer answered but declined (not its file, not cached for a cached-only request, its
+    own store fetch failed, overloaded): it is healthy. ``status`` is the HTTP status."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class NotCached(LookupError):
+    """Raised by a block server's ``serve_block`` for a cached-only request whose block is not
+    in its cache (answered 404 "not cached")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +46,11 @@ class BlockRequest:
 
     Construction rejects impossible requests (``ValueError``), so a request that exists always
     has ``length > 0`` and the server can answer 400 from the message.
+
+    ``cached_only``: answer from the peer's cache or not at all (404 "not cached"); the peer
+    never reads the store for it. Used to copy blocks from the nodes that held a copy before
+    (a clone's fill, a scale hand-off), where a store read on their side would only move the
+    store traffic, not save it.
     """
 
     dataset: str
@@ -44,6 +59,7 @@ class BlockRequest:
     size: int
     index: int
     block_size: int
+    cached_only: bool = False
 
     def __post_init__(self) -> None:
         if not MIN_BLOCK_SIZE <= self.block_size <= MAX_BLOCK_SIZE:
@@ -61,7 +77,7 @@ class BlockRequest:
     def to_params(self) -> dict[str, str]:
         """The query parameters of ``GET /v1/blocks``."""
         raw_key = self.key.encode("utf-8", "surrogateescape")
-        return {
+        params = {
             "d": self.dataset,
             "k": base64.urlsafe_b64encode(raw_key).rstrip(b"=").decode("ascii"),
             "e": self.etag,
@@ -69,6 +85,9 @@ class BlockRequest:
             "i": str(self.index),
             "b": str(self.block_size),
         }
+        if self.cached_only:  # absent otherwise: the form older workers send and expect
+            params["c"] = "1"
+        return params
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> BlockRequest:
@@ -83,7 +102,10 @@ class BlockRequest:
         except (binascii.Error, ValueError):
             raise ValueError("k is not unpadded base64url") from None
         key = raw_key.decode("utf-8", "surrogateescape")
-        return cls(dataset, key, etag, size, index, block_size)
+        cached_only = params.get("c", "0")
+        if cached_only not in ("0", "1"):
+            raise ValueError(f"c must be 0 or 1, not {cached_only[:30]!r}")
+        return cls(dataset, key, etag, size, index, block_size, cached_only == "1")
 
 
 def _natural(text: str) -> int:

@@ -106,7 +106,7 @@ class PeerClient:
                 reason = (await resp.aread())[:200].decode("utf-8", "replace")
                 reason = f"HTTP {resp.status_code}: {reason}"
                 if resp.status_code in REFUSED_STATUSES:
-                    raise PeerRefused(_message(address, req, reason))
+                    raise PeerRefused(_message(address, req, reason), status=resp.status_code)
                 raise PeerError(_message(address, req, reason))
             # Check the announced length first: never read more than one block from a peer.
             announced = resp.headers.get("content-length")

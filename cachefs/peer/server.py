@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl
 
 from cachefs.cache.base import checksum
 from cachefs.errors import CachefsError
-from cachefs.peer.base import BLOCKS_PATH, BlockRequest
+from cachefs.peer.base import BLOCKS_PATH, BlockRequest, NotCached
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,9 @@ def create_peer_app(serve_block: ServeBlock, token: str, *, max_inflight: int = 
     """Return the ASGI app answering ``GET /v1/blocks`` (bearer ``token``) and the health probe.
 
     ``serve_block`` returns the block's bytes; it raises ``LookupError`` when this node does not
-    have the file (404) and a ``CachefsError`` when it cannot get the block (503, message as body).
+    have the file (404), :class:`NotCached` when a cached-only request (``req.cached_only``)
+    finds the block not cached (404 "not cached"), and a ``CachefsError`` when it cannot get the
+    block (503, message as body).
     """
     if not token:
         raise ValueError("the peer token must not be empty")
@@ -99,6 +101,8 @@ async def _serve(serve_block: ServeBlock, req: BlockRequest) -> tuple[int, bytes
     """Status and body for one block: the block itself or a short error text."""
     try:
         data = await serve_block(req)
+    except NotCached:
+        return 404, b"not cached"
     except LookupError:
         return 404, b"not this node's file"
     except CachefsError as err:

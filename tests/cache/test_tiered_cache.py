@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from cachefs.cache import CacheClosed, TierConfig, TieredBlockCache
+from cachefs.cache import CacheClosed, TierConfig, TieredBlockCache, tiered
 from cachefs.errors import ConfigError
 from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_bytes, key
 
@@ -414,6 +414,66 @@ def test_evict_source_removes_every_block_of_that_source(make_cache):
     for usage in cache.usage():
         assert block_files_bytes(usage.path) == usage.used
     assert cache.evict_source(1) == 0
+
+
+def test_free_blocks_keeps_the_reserve_and_other_sources(make_cache):
+    cache = make_cache(ram=4 * BLOCK, ram_reserve=2 * BLOCK, ssd=4 * BLOCK, ssd_reserve=BLOCK)
+    for i in range(7):  # ram: 0,1 reserved, 2,3; ssd: 4 reserved, 5, 6
+        cache.put(key(i, source_id=1), block_data(i))
+    cache.put(key(7, source_id=2), block_data(7))  # ssd
+    paths = {i: cache.block_path(key(i, source_id=1)) for i in range(7)}
+
+    assert cache.free_blocks(1) == 4 * BLOCK
+    kept = [i for i in range(7) if cache.contains(key(i, source_id=1))]
+    assert kept == [0, 1, 4]
+    assert all(cache.read(key(i, source_id=1)) == block_data(i) for i in kept)
+    assert not any(os.path.exists(paths[i]) for i in (2, 3, 5, 6))
+    assert cache.read(key(7, source_id=2)) == block_data(7)
+    assert cache.counters().evicted == 4  # cleanup counts as eviction
+    assert cache.cached_bytes(1) == 3 * BLOCK
+    for usage in cache.usage():
+        assert block_files_bytes(usage.path) == usage.used
+    assert (usage_of(cache, "ram").used, usage_of(cache, "ssd").used) == (2 * BLOCK, 2 * BLOCK)
+    assert cache.free_blocks(1) == 0  # only the reserve is left
+    assert cache.free_blocks(99) == 0  # a source with nothing cached
+
+
+def test_free_blocks_of_some_shards_only(make_cache):
+    cache = make_cache(ram=40 * BLOCK, ram_reserve=3 * BLOCK)
+    keys = [key(i, source_id=1) for i in range(30)]
+    for i, k in enumerate(keys):
+        cache.put(k, block_data(i))
+    cache.put(key(0, source_id=2), block_data(0))  # same shard as keys[0], another source
+    shards = sorted({k.shard for k in keys})
+    chosen = set(shards[::2]) | {5000}  # a shard number with nothing cached is no problem
+    expected_gone = [i for i, k in enumerate(keys) if k.shard in chosen and i >= 3]
+
+    freed = cache.free_blocks(1, chosen)
+
+    assert freed == len(expected_gone) * BLOCK
+    for i, k in enumerate(keys):
+        assert cache.contains(k) == (i not in expected_gone), i
+    assert cache.contains(key(0, source_id=2))
+    assert cache.free_blocks(1, set()) == 0
+    assert cache.counters().evicted == len(expected_gone)
+
+
+def test_free_blocks_in_small_batches_steps_over_reserved_blocks(make_cache, monkeypatch):
+    """Batches resume after the last key looked at: reserved blocks, which stay, are neither
+    freed nor walked again and again, and the loop ends."""
+    monkeypatch.setattr(tiered, "_REMOVE_BATCH", 2)
+    cache = make_cache(ram=40 * BLOCK, ram_reserve=10 * BLOCK)
+    for i in range(25):
+        cache.put(key(i, source_id=1), block_data(i))
+
+    assert cache.free_blocks(1) == 15 * BLOCK
+    assert [i for i in range(25) if cache.contains(key(i, source_id=1))] == list(range(10))
+    # A shard filter goes through the same batches.
+    for i in range(25, 40):
+        cache.put(key(i, source_id=1), block_data(i))
+    shards = {key(i, source_id=1).shard for i in range(25, 40)}
+    assert cache.free_blocks(1, shards) == 15 * BLOCK
+    assert cache.cached_bytes(1) == 10 * BLOCK
 
 
 def test_cached_bytes_by_shard_follows_admissions_removals_and_reopens(make_cache):

@@ -29,14 +29,20 @@ def address(node: str) -> str:
     return f"127.0.0.{int(node.removeprefix('n')) + 1}:7070"
 
 
-def make_view(live: dict[str, list[str]] | list[str], down=(), dataset="imagenet") -> dict:
+def make_view(
+    live: dict[str, list[str]] | list[str], down=(), dataset="imagenet", fills=None
+) -> dict:
     copies = {"A": live} if isinstance(live, list) else live
-    everyone = sorted({n for nodes in copies.values() for n in nodes} | set(down))
+    sources = {n for fill in (fills or {}).values() for n in fill["from"]}
+    everyone = sorted({n for nodes in copies.values() for n in nodes} | set(down) | sources)
+    entry = {"spec": {"name": dataset}, "refresh_epoch": 0, "copies": copies}
+    if fills is not None:
+        entry["fills"] = fills
     return {
         "cluster_id": "c0ffee",
         "heartbeat_interval_s": 1.0,
         "nodes": {n: {"address": address(n), "up": n not in down} for n in everyone},
-        "datasets": [{"spec": {"name": dataset}, "refresh_epoch": 0, "copies": copies}],
+        "datasets": [entry],
         "preloads": [],
     }
 
@@ -112,6 +118,83 @@ def test_an_owner_without_a_known_address_is_no_peer() -> None:
     membership = Membership("n1")
     membership.update(view)
     assert all(membership.owner_address("imagenet", s) is None for s in range(SHARDS))
+
+
+def test_fill_address_and_assignments_of_a_clone() -> None:
+    """Copy B (n3, n4) is filled from copy A (n1, n2): each shard's fill source is its owner in
+    A, and a node of B copies the shards it owns in B."""
+    copies = {"A": ["n1", "n2"], "B": ["n3", "n4"]}
+    fills = {"B": {"id": "B-1", "from": ["n2", "n1"]}}
+    view = make_view(copies, fills=fills)
+    table_a = owner_table("imagenet", ["n1", "n2"])
+    table_b = owner_table("imagenet", ["n3", "n4"])
+    n3 = Membership("n3")
+    assert n3.update(view) is True
+    for shard in range(SHARDS):
+        assert n3.fill_address("imagenet", shard) == address(table_a[shard])
+    assignment = n3.fill_assignments()["imagenet"]
+    assert (assignment.dataset, assignment.copy, assignment.fill_id) == ("imagenet", "B", "B-1")
+    assert assignment.shards == {s for s, o in enumerate(table_b) if o == "n3"}
+    assert n3.own_copy_shards("imagenet") == set(assignment.shards)
+    # The nodes of copy A are not filled: no fill source, nothing to copy.
+    n1 = Membership("n1")
+    n1.update(view)
+    assert n1.fill_assignments() == {}
+    assert all(n1.fill_address("imagenet", s) is None for s in range(SHARDS))
+    assert n3.fill_address("coco", 0) is None
+
+
+def test_fill_of_a_scaled_copy_skips_shards_this_node_held() -> None:
+    """Copy A grew from (n1, n2) to (n1, n2, n3): the shards n3 took over are filled from
+    their previous owner; a shard whose fill source is this node itself needs no copy."""
+    view = make_view(["n1", "n2", "n3"], fills={"A": {"id": "A-2", "from": ["n1", "n2"]}})
+    before = owner_table("imagenet", ["n1", "n2"])
+    after = owner_table("imagenet", ["n1", "n2", "n3"])
+    for node in ("n1", "n2", "n3"):
+        membership = Membership(node)
+        membership.update(view)
+        for shard in range(SHARDS):
+            expected = None if before[shard] == node else address(before[shard])
+            assert membership.fill_address("imagenet", shard) == expected
+        shards = membership.fill_assignments()["imagenet"].shards
+        # Rendezvous moves shards only to the new node: the others keep what they held.
+        expected = {s for s in range(SHARDS) if after[s] == node and before[s] != node}
+        assert shards == expected
+        assert bool(shards) == (node == "n3")
+
+
+def test_update_reports_fill_changes() -> None:
+    copies = {"A": ["n1"], "B": ["n2"]}
+    membership = Membership("n2")
+    assert membership.update(make_view(copies)) is True
+    assert membership.fill_assignments() == {}
+    fill = {"B": {"id": "B-1", "from": ["n1"]}}
+    assert membership.update(make_view(copies, fills=fill)) is True
+    assert membership.update(make_view(copies, fills=fill)) is False
+    assert membership.fill_assignments()["imagenet"].shards == frozenset(range(SHARDS))
+    # A new fill id, or other source nodes, is a change.
+    assert membership.update(make_view(copies, fills={"B": {"id": "B-2", "from": ["n1"]}}))
+    other = {"B": {"id": "B-2", "from": ["n1", "n3"]}}
+    assert membership.update(make_view(copies, fills=other)) is True
+    # A fill of another copy is not this node's.
+    assert membership.update(make_view(copies, fills={"A": {"id": "A-1", "from": ["n2"]}}))
+    assert membership.fill_assignments() == {}
+    assert membership.fill_address("imagenet", 0) is None
+    # No sources left: a fill with nothing to copy.
+    assert membership.update(make_view(copies, fills={"B": {"id": "B-2", "from": []}}))
+    assert membership.fill_assignments()["imagenet"].shards == frozenset()
+    assert membership.update(make_view(copies, fills={})) is True
+
+
+def test_own_copy_shards_of_a_node_in_no_copy_is_empty() -> None:
+    membership = Membership("n9")
+    membership.update(make_view(["n1", "n2"]))
+    assert membership.own_copy_shards("imagenet") == set()
+    assert membership.own_copy_shards("coco") == set()
+    n1 = Membership("n1")
+    n1.update(make_view(["n1", "n2"]))
+    table = owner_table("imagenet", ["n1", "n2"])
+    assert n1.own_copy_shards("imagenet") == {s for s, o in enumerate(table) if o == "n1"}
 
 
 def test_membership_agrees_with_the_coordinator(tmp_path: Path) -> None:

@@ -171,8 +171,13 @@ def test_metrics_endpoint_exports_the_promised_series(worker, moto_s3, bucket):
         "cachefs_admissions_refused_total",
         "cachefs_evictions_total",
         'cachefs_dataset_cached_bytes{dataset="ds"} 3000.0',
+        'cachefs_fill_blocks_total{outcome="copied"} 0.0',
+        "cachefs_fill_bytes_total 0.0",
     ):
         assert series in text, series
+    status = worker.status()
+    assert status["cleanup"] == {"freed_bytes": {}, "tasks": []}  # single node: no tasks
+    assert status["fill"] == {"blocks": {"copied": 0, "absent": 0, "failed": 0}, "bytes": 0}
 
 
 def test_periodic_refresh_picks_up_new_objects(worker, tmp_path):

@@ -21,7 +21,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from cachefs.errors import CachefsError, ObjectNotFound
-from cachefs.peer.base import BlockRequest, PeerError, PeerRefused, PeerUnavailable
+from cachefs.peer.base import BlockRequest, NotCached, PeerError, PeerRefused, PeerUnavailable
 from cachefs.peer.client import PeerClient
 from cachefs.peer.server import create_peer_app
 
@@ -151,6 +151,9 @@ async def test_auth_health_and_unknown_paths():
         {"b": "1024"},
         {"b": str(128 * MIB)},
         {"k": "not base64!"},
+        {"c": "2"},
+        {"c": ""},
+        {"c": "true"},
     ],
 )
 async def test_malformed_params_are_400(change):
@@ -166,6 +169,42 @@ async def test_malformed_params_are_400(change):
         )
     assert resp.status_code == 400, resp.text
     assert owner.requests == []
+
+
+@pytest.mark.parametrize("cached_only", [False, True])
+def test_params_round_trip(cached_only):
+    req = BlockRequest("ds", "a/b c", '"e"', 10_000, 2, 4096, cached_only=cached_only)
+    params = req.to_params()
+    assert ("c" in params) == cached_only  # absent unless set: what older workers send
+    assert BlockRequest.from_params(params) == req
+    assert BlockRequest.from_params({**params, "c": "0"}).cached_only is False
+    assert BlockRequest.from_params({**params, "c": "1"}).cached_only is True
+    with pytest.raises(ValueError, match="c must be 0 or 1"):
+        BlockRequest.from_params({**params, "c": "yes"})
+
+
+async def test_cached_only_reaches_the_owner_and_not_cached_is_404():
+    data = random.randbytes(10_000)
+    cached = {("obj", 0)}
+    seen: list[BlockRequest] = []
+
+    async def serve(req: BlockRequest) -> bytes:
+        seen.append(req)
+        if req.cached_only and (req.key, req.index) not in cached:
+            raise NotCached(req.key)
+        return data[req.index * 4096 : (req.index + 1) * 4096]
+
+    async with served(create_peer_app(serve, TOKEN)) as address, peer_client() as client:
+        hit = BlockRequest("ds", "obj", "e", len(data), 0, 4096, cached_only=True)
+        assert await client.get_block(address, hit) == data[:4096]
+        miss = BlockRequest("ds", "obj", "e", len(data), 1, 4096, cached_only=True)
+        with pytest.raises(PeerRefused, match="404: not cached") as info:
+            await client.get_block(address, miss)
+        assert info.value.status == 404
+        assert not client.is_cooling(address)
+        plain = BlockRequest("ds", "obj", "e", len(data), 1, 4096)
+        assert await client.get_block(address, plain) == data[4096:8192]
+    assert [req.cached_only for req in seen] == [True, True, False]
 
 
 async def test_lookup_error_is_refused_without_cooldown():

@@ -1,0 +1,247 @@
+"""The worker's filler: copy the blocks of a copy being filled from the nodes that held them.
+
+When the coordinator clones a copy, or moves shards to new nodes by scaling a copy, the view
+names the fill (``fills`` of the dataset: an id and the nodes that held the data before). Each
+node of the filled copy then copies, once per fill id, every block of the shards it owns there
+from the shard's *fill source* (:meth:`Membership.fill_address`) with cached-only peer requests:
+the source answers from its cache or 404, never from the store, so a fill moves bytes between
+caches and never adds store traffic. Blocks already cached here are skipped; a block the source
+does not hold (absent) or could not send (failed) is left for the read path, which asks the
+fill source again and then the store.
+
+Progress goes to the coordinator in every heartbeat (``fills``); a fill whose id or copy is no
+longer in the view is cancelled and forgotten. Like the preloader, the fills run as tasks of
+one nursery, with a node-wide bound on blocks in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import trio
+
+from cachefs.cache.base import BlockCache, BlockKey
+from cachefs.errors import CachefsError
+from cachefs.meta import Snapshot
+from cachefs.metrics import WorkerMetrics
+from cachefs.peer.base import BlockRequest, PeerError, PeerRefused
+from cachefs.peer.client import PeerClient
+from cachefs.store import StoreConfig
+
+from .membership import FillAssignment
+from .preload import PlannedObject, plan
+
+log = logging.getLogger("cachefs.fill")
+
+#: Waits before asking again when the source answers 503 (it sheds load past its in-flight cap,
+#: which several filling nodes can reach): an overloaded source is busy, not missing the block.
+OVERLOADED_RETRY_S = (0.25, 0.5, 1.0)
+#: Skip checks (an index lookup each) between two yields to the trio loop, so that walking a
+#: shard whose blocks are all cached does not hold the loop.
+CHECKS_PER_YIELD = 256
+
+
+class FillRoute(Protocol):
+    def fill_address(self, dataset: str, shard: int) -> str | None: ...
+
+
+class FillTarget(Protocol):
+    """What the filler needs from the worker for one dataset."""
+
+    def preload_source(self, dataset: str) -> tuple[Snapshot, StoreConfig, int, int] | None:
+        """(snapshot, store config, source id, block size) of a served dataset, or None."""
+        ...
+
+
+class Filler:
+    def __init__(
+        self,
+        target: FillTarget,
+        cache: BlockCache,
+        peers: PeerClient,
+        route: FillRoute,
+        metrics: WorkerMetrics,
+        *,
+        concurrency: int = 8,
+    ):
+        self._target = target
+        self._cache = cache
+        self._peers = peers
+        self._route = route
+        self._metrics = metrics
+        # A semaphore, not a CapacityLimiter: the spawning task acquires, the block task releases.
+        self._slots = trio.Semaphore(concurrency)
+        self._admit_limiter = trio.CapacityLimiter(4)
+        self._fills: dict[str, _FillRun] = {}  # dataset -> its fill in the view
+        self._seen: set[str] = set()  # fill ids started in this process: each runs once
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Owns the fill tasks; runs until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+
+    def assign(self, assignments: dict[str, FillAssignment]) -> None:
+        """Take this node's fills from the membership after a heartbeat (dataset → what to
+        fill). New fills start; fills no longer in the view (or with another id or copy) are
+        cancelled and forgotten; the others follow changes of the shards this node owns."""
+        for dataset, run in list(self._fills.items()):
+            wanted = assignments.get(dataset)
+            if wanted is None or (wanted.fill_id, wanted.copy) != (run.fill_id, run.copy):
+                run.cancel_scope.cancel()
+                del self._fills[dataset]
+        if self._nursery is None:
+            return
+        for dataset, wanted in assignments.items():
+            run = self._fills.get(dataset)
+            if run is None:
+                run = self._fills[dataset] = _FillRun(self, wanted)
+                if wanted.fill_id in self._seen:
+                    # Forgotten once and listed again: it ran already in this process.
+                    run.done = True
+                    continue
+                self._seen.add(wanted.fill_id)
+                self._nursery.start_soon(run.run)
+            run.set_shards(wanted.shards)
+
+    def reports(self) -> dict[str, dict]:
+        """Progress of each fill in the view, per dataset (the heartbeat's ``fills``)."""
+        return {dataset: run.report() for dataset, run in self._fills.items()}
+
+
+class _FillRun:
+    def __init__(self, filler: Filler, assignment: FillAssignment):
+        self.filler = filler
+        self.dataset = assignment.dataset
+        self.copy = assignment.copy
+        self.fill_id = assignment.fill_id
+        self.shards: frozenset[int] = frozenset()
+        self.cancel_scope = trio.CancelScope()
+        self.done = False
+        self.copied_blocks = self.copied_bytes = self.absent_blocks = self.failed_blocks = 0
+        self._changed = trio.Event()
+
+    def set_shards(self, shards: frozenset[int]) -> None:
+        if shards != self.shards:
+            self.shards = shards
+            self._changed.set()
+
+    def report(self) -> dict:
+        return {
+            "copy": self.copy,
+            "id": self.fill_id,
+            "done": self.done,
+            "copied_blocks": self.copied_blocks,
+            "copied_bytes": self.copied_bytes,
+            "absent_blocks": self.absent_blocks,
+            "failed_blocks": self.failed_blocks,
+        }
+
+    async def run(self) -> None:
+        with self.cancel_scope:
+            started: set[int] = set()
+            while True:
+                todo = self.shards - started
+                if todo:
+                    self.done = False
+                    if await self._fill_shards(todo):
+                        started |= todo
+                    else:  # the dataset is not served here yet: look again shortly
+                        await trio.sleep(1.0)
+                    continue
+                if not self.done:
+                    self.done = True
+                    log.info(
+                        "fill %s of %r (copy %s) done: %d blocks (%d bytes) copied, %d absent, "
+                        "%d failed",
+                        self.fill_id, self.dataset, self.copy, self.copied_blocks,
+                        self.copied_bytes, self.absent_blocks, self.failed_blocks,
+                    )  # fmt: skip
+                await self._changed.wait()
+                self._changed = trio.Event()
+
+    async def _fill_shards(self, shards: set[int]) -> bool:
+        """Try every block of ``shards``; False if the dataset is not served here (yet)."""
+        source = self.filler._target.preload_source(self.dataset)
+        if source is None:
+            log.info("fill %s: dataset %r not served here yet", self.fill_id, self.dataset)
+            return False
+        snapshot, _config, source_id, block_size = source
+        planned = await trio.to_thread.run_sync(plan, snapshot, {}, block_size, shards)
+        log.info("fill %s of %r: %d shards, %d objects here from the nodes that held them",
+                 self.fill_id, self.dataset, len(shards),
+                 sum(len(objects) for objects in planned.values()))  # fmt: skip
+        filler = self.filler
+        checks = 0
+        async with trio.open_nursery() as nursery:
+            for shard in sorted(planned):
+                for obj in planned[shard]:
+                    if shard not in self.shards:
+                        break  # no longer this node's shard (the membership changed)
+                    for index in obj.blocks if obj.size else ():  # empty files have no blocks
+                        key = BlockKey.make(source_id, obj.key, obj.etag, index)
+                        checks += 1
+                        if checks % CHECKS_PER_YIELD == 0:
+                            await trio.lowlevel.checkpoint()
+                        if filler._cache.locate(key) is not None:
+                            continue
+                        await filler._slots.acquire()
+                        nursery.start_soon(self._copy_block, shard, obj, index, key, block_size)
+        return True
+
+    async def _copy_block(
+        self, shard: int, obj: PlannedObject, index: int, key: BlockKey, block_size: int
+    ) -> None:
+        filler = self.filler
+        try:
+            address = filler._route.fill_address(self.dataset, shard)
+            if address is None:  # the fill or its source for this shard went away meanwhile
+                return
+            request = BlockRequest(
+                self.dataset, obj.key, obj.etag, obj.size, index, block_size, cached_only=True
+            )
+            outcome = await self._get_and_admit(address, request, key)
+            if outcome == "copied":
+                self.copied_blocks += 1
+                self.copied_bytes += request.length
+                filler._metrics.fill_bytes += request.length
+            elif outcome == "absent":
+                self.absent_blocks += 1
+            else:
+                self.failed_blocks += 1
+            filler._metrics.fill_blocks[outcome] += 1
+        finally:
+            filler._slots.release()
+
+    async def _get_and_admit(self, address: str, request: BlockRequest, key: BlockKey) -> str:
+        """One block from the fill source into the cache: "copied", "absent" or "failed"."""
+        filler = self.filler
+        for delay in (*OVERLOADED_RETRY_S, None):
+            try:
+                data = await filler._peers.get_block(address, request)
+                break
+            except PeerRefused as exc:
+                if exc.status == 404:  # not cached there (or not its version of the file)
+                    return "absent"
+                if exc.status != 503 or delay is None:
+                    log.debug("fill %s: %s", self.fill_id, exc)
+                    return "failed"
+                await trio.sleep(delay)
+            except PeerError as exc:  # includes cooling down: no I/O, fails at once
+                log.debug("fill %s: %s", self.fill_id, exc)
+                return "failed"
+        try:
+            tier = await trio.to_thread.run_sync(
+                filler._cache.put, key, data, limiter=filler._admit_limiter
+            )
+        except CachefsError as exc:
+            log.warning("fill %s: admitting a block failed: %s", self.fill_id, exc)
+            return "failed"
+        # None: refused (avoid-eviction with full tiers); the read path will read it through.
+        return "failed" if tier is None else "copied"
