@@ -55,11 +55,13 @@ from bench.read_bench import (
     describe_machine,
     drop_page_cache,
     free_port,
+    lock_workdir,
     read_whole_file,
+    run_and_report,
+    save_results,
     wait_for_quiet_cpu,
 )
 from cachefs.cache.base import shard_of
-from cachefs.pidlock import LockHeld, take_pid_lock
 from cachefs.protocol import DEFAULT_BLOCK_SIZE, shard_owner
 
 DATASET_NAME = "imagenet"
@@ -935,14 +937,7 @@ def ram_per_node(total_bytes: int, nodes: int, requested: str) -> str:
 
 
 def run_benchmark(args: argparse.Namespace) -> dict:
-    os.makedirs(args.workdir, exist_ok=True)
-    try:
-        lock = take_pid_lock(os.path.join(args.workdir, "cluster_bench.lock"))
-    except LockHeld as held:
-        raise BenchmarkFailure(
-            f"another cluster_bench (pid {held.holder}) uses --workdir {args.workdir}"
-        ) from None
-    with lock:
+    with lock_workdir(args.workdir, "cluster_bench"):
         return _run(args)
 
 
@@ -1371,23 +1366,7 @@ def _no_open(flags: dict | None) -> str:
 
 
 def write_results(results: dict, *, json_path: str | None, save_dir: str | None) -> list[str]:
-    """Write the JSON and/or ``<save_dir>/<date>.json|md``; return the paths written."""
-    written = []
-    json_targets = [json_path] if json_path else []
-    if save_dir:
-        json_targets.append(os.path.join(save_dir, f"{results['date']}.json"))
-    for path in json_targets:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as out:
-            json.dump(results, out, indent=2)
-            out.write("\n")
-        written.append(path)
-    if save_dir:
-        path = os.path.join(save_dir, f"{results['date']}.md")
-        with open(path, "w") as out:
-            out.write(render_markdown(results))
-        written.append(path)
-    return written
+    return save_results(results, render_markdown, json_path=json_path, save_dir=save_dir)
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -1422,10 +1401,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not 1 <= args.nodes <= 250:
@@ -1434,23 +1409,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("cluster_bench needs root (FUSE mounts, drop_caches)", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # cleanup runs in the finally blocks
-    signal.signal(signal.SIGHUP, _raise_interrupt)
-    try:
-        results = run_benchmark(args)
-    except BenchmarkFailure as exc:
-        print(f"cluster_bench: FAILED: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("cluster_bench: interrupted (cluster stopped, mounts removed)", file=sys.stderr)
-        return 130
-    written = write_results(results, json_path=args.json, save_dir=args.save_dir)
-    if not args.json:
-        print(json.dumps(results, indent=2))
-    print(render_markdown(results), file=sys.stderr)
-    for path in written:
-        print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return run_and_report("cluster_bench", args, run_benchmark, render_markdown)
 
 
 if __name__ == "__main__":

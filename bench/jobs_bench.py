@@ -45,12 +45,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import random
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -65,7 +63,6 @@ from bench.cluster_bench import (
     _child_env,
     _job_line,
     _load,
-    _raise_interrupt,
     busy_between,
     counter_delta,
     cpu_ticks,
@@ -87,9 +84,11 @@ from bench.read_bench import (
     describe_machine,
     drop_page_cache,
     free_port,
+    lock_workdir,
+    run_and_report,
+    save_results,
     wait_for_quiet_cpu,
 )
-from cachefs.pidlock import LockHeld, take_pid_lock
 from cachefs.units import parse_duration
 
 CONFIGS = ("no-hints", "tdcs", "tdcs+suspend", "tdcs+clone")
@@ -716,14 +715,7 @@ class ProxyProcess:
 
 
 def run_benchmark(args: argparse.Namespace) -> dict:
-    os.makedirs(args.workdir, exist_ok=True)
-    try:
-        lock = take_pid_lock(os.path.join(args.workdir, "jobs_bench.lock"))
-    except LockHeld as held:
-        raise BenchmarkFailure(
-            f"another jobs_bench (pid {held.holder}) uses --workdir {args.workdir}"
-        ) from None
-    with lock:
+    with lock_workdir(args.workdir, "jobs_bench"):
         return _run(args)
 
 
@@ -1002,18 +994,7 @@ def render_markdown(results: dict) -> str:
 
 
 def write_results(results: dict, *, json_path: str | None, save_dir: str | None) -> list[str]:
-    """Write the JSON and/or ``<save_dir>/<date>.json|md``; return the paths written."""
-    targets = [(json_path, None)] if json_path else []
-    if save_dir:
-        base = os.path.join(save_dir, results["date"])
-        targets += [(f"{base}.json", None), (f"{base}.md", render_markdown(results))]
-    written = []
-    for path, text in targets:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as out:
-            out.write(text if text is not None else json.dumps(results, indent=2) + "\n")
-        written.append(path)
-    return written
+    return save_results(results, render_markdown, json_path=json_path, save_dir=save_dir)
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -1079,23 +1060,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("jobs_bench needs root (FUSE mounts, drop_caches)", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # cleanup runs in the finally blocks
-    signal.signal(signal.SIGHUP, _raise_interrupt)
-    try:
-        results = run_benchmark(args)
-    except BenchmarkFailure as exc:
-        print(f"jobs_bench: FAILED: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("jobs_bench: interrupted (clusters stopped, mounts removed)", file=sys.stderr)
-        return 130
-    written = write_results(results, json_path=args.json, save_dir=args.save_dir)
-    if not args.json:
-        print(json.dumps(results, indent=2))
-    print(render_markdown(results), file=sys.stderr)
-    for path in written:
-        print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return run_and_report("jobs_bench", args, run_benchmark, render_markdown)
 
 
 if __name__ == "__main__":

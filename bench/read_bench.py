@@ -492,24 +492,52 @@ def _delta(delta: dict[str, int]) -> str:
 
 
 def write_results(results: dict, *, json_path: str | None, save_dir: str | None) -> list[str]:
-    """Write the JSON and/or ``<save_dir>/<date>.json|md``; return the paths written."""
-    written = []
-    targets = [json_path] if json_path else []
+    return save_results(results, render_markdown, json_path=json_path, save_dir=save_dir)
+
+
+def save_results(
+    results: dict, render, *, json_path: str | None, save_dir: str | None
+) -> list[str]:
+    """Write the JSON and/or ``<save_dir>/<date>.json|md`` (markdown from ``render``); return
+    the paths written. Shared by every benchmark in bench/."""
+    targets = [(json_path, None)] if json_path else []
     if save_dir:
-        os.makedirs(save_dir, exist_ok=True)
-        targets.append(os.path.join(save_dir, f"{results['date']}.json"))
-    for path in targets:
+        base = os.path.join(save_dir, results["date"])
+        targets += [(f"{base}.json", None), (f"{base}.md", render(results))]
+    written = []
+    for path, text in targets:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as out:
-            json.dump(results, out, indent=2)
-            out.write("\n")
-        written.append(path)
-    if save_dir:
-        path = os.path.join(save_dir, f"{results['date']}.md")
-        with open(path, "w") as out:
-            out.write(render_markdown(results))
+            out.write(text if text is not None else json.dumps(results, indent=2) + "\n")
         written.append(path)
     return written
+
+
+def run_and_report(name: str, args, run, render) -> int:
+    """The end of every benchmark's main(): run, then print the JSON (unless ``--json`` names a
+    file) and the markdown report, and save them. Exit status 1 on a failed check, 130 when
+    interrupted (SIGTERM/SIGHUP too: the runs clean up in their finally blocks)."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGHUP, _raise_interrupt)
+    try:
+        results = run(args)
+    except BenchmarkFailure as exc:
+        print(f"{name}: FAILED: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted (processes stopped, mounts removed)", file=sys.stderr)
+        return 130
+    written = save_results(results, render, json_path=args.json, save_dir=args.save_dir)
+    if not args.json:
+        print(json.dumps(results, indent=2))
+    print(render(results), file=sys.stderr)
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def describe_machine() -> dict:
@@ -952,18 +980,18 @@ def _layer_of(stack: str) -> str:
     return "other"
 
 
-def lock_workdir(workdir: str):
-    """Hold ``workdir/read_bench.lock`` for the caller's lifetime (return the open file).
+def lock_workdir(workdir: str, name: str = "read_bench"):
+    """Hold ``workdir/<name>.lock`` for the caller's lifetime (return the open file).
 
     Two benchmarks sharing a work directory destroy each other (each starts by deleting the
     worker state there), so a second one is refused with the holder's pid.
     """
     os.makedirs(workdir, exist_ok=True)
     try:
-        lock_file = take_pid_lock(os.path.join(workdir, "read_bench.lock"))
+        lock_file = take_pid_lock(os.path.join(workdir, f"{name}.lock"))
     except LockHeld as held:
         raise BenchmarkFailure(
-            f"another read_bench (pid {held.holder}) is using --workdir {workdir}: wait for it "
+            f"another {name} (pid {held.holder}) is using --workdir {workdir}: wait for it "
             "to finish or pass another --workdir"
         ) from None
     return lock_file
@@ -1184,18 +1212,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("read_bench needs root (FUSE mount, drop_caches)", file=sys.stderr)
         return 2
-    try:
-        results = run_benchmark(args)
-    except BenchmarkFailure as exc:
-        print(f"read_bench: FAILED: {exc}", file=sys.stderr)
-        return 1
-    written = write_results(results, json_path=args.json, save_dir=args.save_dir)
-    if not args.json:
-        print(json.dumps(results, indent=2))
-    print(render_markdown(results), file=sys.stderr)
-    for path in written:
-        print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return run_and_report("read_bench", args, run_benchmark, render_markdown)
 
 
 if __name__ == "__main__":
