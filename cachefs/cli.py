@@ -313,6 +313,22 @@ def cmd_dataset_add(args) -> int:
     return 0
 
 
+def cmd_dataset_set(args) -> int:
+    changes = {}
+    if args.max_jobs_per_copy is not None:
+        changes["max_jobs_per_copy"] = args.max_jobs_per_copy or None  # 0: no limit
+    if args.overflow:
+        changes["overflow"] = args.overflow
+    if args.cleanup:
+        changes["cleanup"] = args.cleanup
+    if not changes:
+        raise ConfigError("dataset set needs --max-jobs-per-copy, --overflow or --cleanup")
+    with _cluster_client(args) as client:
+        result = client.update_policy(args.name, **changes)
+    _print_result(args, result, f"dataset {args.name!r}: policy changed")
+    return 0
+
+
 def _names(values: list[str] | None) -> list[str]:
     """Node names from repeated and/or comma-separated options."""
     return [name for value in values or [] for name in value.split(",") if name]
@@ -885,6 +901,14 @@ def _add_other_commands(sub) -> None:
     add.add_argument("--nodes", action="append", help="nodes of the first copy (default all)")
     add.add_argument("--json", action="store_true")
     add.set_defaults(func=cmd_dataset_add)
+    policy = dataset.add_parser("set", help="change a dataset's sharing and cleanup policy")
+    policy.add_argument("name")
+    policy.add_argument("--max-jobs-per-copy", type=int, help="running jobs per copy (0: none)")
+    policy.add_argument("--overflow", choices=["suspend", "clone"])
+    policy.add_argument("--cleanup", help="lock, lru or ttl:<duration>")
+    policy.add_argument("--json", action="store_true")
+    policy.set_defaults(func=cmd_dataset_set)
+
     ls = dataset.add_parser("ls", help="list datasets")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_dataset_ls)

@@ -203,6 +203,10 @@ class CoordinatorClient:
     def remove_dataset(self, name: str) -> dict:
         return self._request("DELETE", f"/v1/datasets/{name}")
 
+    def update_policy(self, name: str, **changes) -> dict:
+        """Change ``max_jobs_per_copy`` (None: no limit), ``overflow`` or ``cleanup``."""
+        return self._request("PATCH", f"/v1/datasets/{name}", json=changes)
+
     def refresh_dataset(self, name: str) -> dict:
         return self._request("POST", f"/v1/datasets/{name}/refresh")
 

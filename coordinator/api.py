@@ -43,6 +43,7 @@ NodeName = Annotated[str, Path(pattern=NAME_PATTERN, description="node name")]
 JobName = Annotated[str, Path(pattern=NAME_PATTERN, description="job name")]
 CopyName = Annotated[str, Path(pattern=NAME_PATTERN, description="copy id (A, B, …)")]
 NodeList = list[Annotated[str, Field(pattern=NAME_PATTERN)]]
+CLEANUP_PATTERN = r"^(lock|lru|ttl:[0-9.]+(ms|s|m|h|d)?)$"
 
 
 class _Strict(BaseModel):
@@ -68,12 +69,20 @@ class DatasetIn(_Strict):
     )
     cleanup: str = Field(
         "lock",
-        pattern=r"^(lock|lru|ttl:[0-9.]+(ms|s|m|h|d)?)$",
+        pattern=CLEANUP_PATTERN,
         description="lock (never freed), lru (under cache pressure) or ttl:<duration>",
     )
     nodes: NodeList | None = Field(
         None, min_length=1, max_length=4096, description="nodes of the first copy (all if absent)"
     )
+
+
+class PolicyIn(_Strict):
+    """Only the fields given change; ``max_jobs_per_copy: null`` removes the limit."""
+
+    max_jobs_per_copy: int | None = Field(None, ge=1, le=1 << 20)
+    overflow: Literal["suspend", "clone"] | None = None
+    cleanup: str | None = Field(None, pattern=CLEANUP_PATTERN)
 
 
 class JobIn(_Strict):
@@ -251,6 +260,15 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     @v1.delete("/datasets/{name}", tags=["datasets"])
     def remove_dataset(name: DatasetName) -> dict[str, Any]:
         return cluster.remove_dataset(name)
+
+    @v1.patch("/datasets/{name}", tags=["datasets"])
+    def update_policy(name: DatasetName, body: PolicyIn) -> dict[str, Any]:
+        """Change the dataset's sharing and cleanup policy; a raised limit promotes suspended
+        jobs at once."""
+        changes = {field: getattr(body, field) for field in body.model_fields_set}
+        if any(v is None for k, v in changes.items() if k != "max_jobs_per_copy"):
+            raise ConfigError("overflow and cleanup cannot be null")
+        return cluster.update_policy(name, changes)
 
     @v1.post("/datasets/{name}/refresh", tags=["datasets"])
     def refresh_dataset(name: DatasetName) -> dict[str, Any]:

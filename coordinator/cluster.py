@@ -186,6 +186,21 @@ class Cluster:
             del self.datasets[name]
             return {"name": name, "removed": True}
 
+    def update_policy(self, name: str, changes: dict) -> dict:
+        """Change a dataset's sharing and cleanup policy (``max_jobs_per_copy``, ``overflow``,
+        ``cleanup``). A higher limit lets suspended jobs start at once."""
+        allowed = {"max_jobs_per_copy", "overflow", "cleanup"}
+        unknown = set(changes) - allowed
+        if unknown:
+            raise ConfigError(f"cannot change {', '.join(sorted(unknown))} of a dataset")
+        with self._lock:
+            state = self._dataset(name)
+            spec = DatasetSpec.from_json({**state.spec.to_json(), **changes})  # validates
+            state.spec = spec
+            self._save_dataset(state)
+            self.manager.policy_changed(name, changes)
+            return self.dataset_status(name)
+
     def refresh_dataset(self, name: str) -> dict:
         """Ask every worker to re-list the source (they see a new refresh epoch)."""
         with self._lock:

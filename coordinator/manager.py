@@ -369,6 +369,11 @@ class CacheManager:
             promoted.append(job.id)
         return promoted
 
+    def policy_changed(self, dataset: str, changes: dict) -> None:
+        described = ", ".join(f"{k}={v}" for k, v in sorted(changes.items()))
+        self._event("policy", dataset, None, f"policy of {dataset} changed: {described}")
+        self._promote(dataset)
+
     def renew(self, job_id: str) -> dict:
         with self.cluster._lock:
             job = self._job(job_id)

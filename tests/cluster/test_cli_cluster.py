@@ -122,6 +122,9 @@ def test_job_scale_and_events_commands(tmp_path):
         events = cli("events", "--dataset", "ds", env=env).stdout
         assert "promoted" in events and "scaled to n1, n2" in events
 
+        policy = cli("dataset", "set", "ds", "--max-jobs-per-copy", "0", "--json", env=env)
+        assert json.loads(policy.stdout)["max_jobs_per_copy"] is None, policy.stderr
+
         missing = cli("job", "release", "nope", env=env)
         assert missing.returncode == 2 and "no job named 'nope'" in missing.stderr
         single = cli(

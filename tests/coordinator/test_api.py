@@ -557,6 +557,18 @@ async def test_jobs_over_http_with_a_long_poll_for_promotion(api: Api) -> None:
     assert dataset["jobs"] == {"running": 1, "suspended": 0}
 
 
+async def test_policy_change_over_http(api: Api) -> None:
+    await api.add("imagenet", max_jobs_per_copy=3)
+    changed = await api.client.patch("/v1/datasets/imagenet", json={"overflow": "clone"})
+    assert changed.status_code == 200, changed.text
+    assert (changed.json()["overflow"], changed.json()["max_jobs_per_copy"]) == ("clone", 3)
+    unlimited = await api.client.patch("/v1/datasets/imagenet", json={"max_jobs_per_copy": None})
+    assert unlimited.json()["max_jobs_per_copy"] is None
+    for body in ({"cleanup": "often"}, {"overflow": None}, {"uri": "s3://x/"}, {"cleanup": 5}):
+        assert_client_error(await api.client.patch("/v1/datasets/imagenet", json=body))
+    assert_client_error(await api.client.patch("/v1/datasets/nope", json={}), 404)
+
+
 async def test_scale_over_http(api: Api) -> None:
     client = api.client
     await api.add("imagenet", nodes=["n1"])

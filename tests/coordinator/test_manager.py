@@ -369,3 +369,22 @@ def test_a_scale_that_a_node_never_reports_times_out(cluster: Cluster, clock: Fa
     wait(cluster, clock, 3601, ["n1", "n2"])
     assert cluster.dataset_status("imagenet")["copies"][0]["fill"] is None
     assert any("timed out" in e["message"] for e in cluster.manager.list_events("imagenet"))
+
+
+def test_raising_the_limit_promotes_and_policies_are_validated(cluster: Cluster) -> None:
+    cluster.add_dataset(spec("imagenet", max_jobs_per_copy=1))
+    beat_all(cluster, ["n1"])
+    cluster.manager.submit("j1", "imagenet", 1)
+    cluster.manager.submit("j2", "imagenet", 1)
+    cluster.manager.submit("j3", "imagenet", 1)
+    status = cluster.update_policy("imagenet", {"max_jobs_per_copy": 2, "cleanup": "lru"})
+    assert (status["max_jobs_per_copy"], status["cleanup"]) == (2, "lru")
+    assert status["jobs"] == {"running": 2, "suspended": 1}
+    cluster.update_policy("imagenet", {"max_jobs_per_copy": None})  # no limit
+    assert cluster.dataset_status("imagenet")["jobs"] == {"running": 3, "suspended": 0}
+    with pytest.raises(ConfigError, match="cleanup must be"):
+        cluster.update_policy("imagenet", {"cleanup": "ttl:0s"})
+    with pytest.raises(ConfigError, match="cannot change uri"):
+        cluster.update_policy("imagenet", {"uri": "s3://elsewhere/"})
+    assert cluster.dataset_status("imagenet")["cleanup"] == "lru"
+    assert any(e["kind"] == "policy" for e in cluster.manager.list_events("imagenet"))
