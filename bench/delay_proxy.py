@@ -1,18 +1,33 @@
-"""A threaded HTTP reverse proxy that adds a fixed delay to every request it forwards.
+"""A threaded HTTP reverse proxy that makes a loopback S3 server behave like a remote one.
 
-    python -m bench.delay_proxy --upstream http://127.0.0.1:5000 --delay-ms 20 \
-        --listen 127.0.0.1:5001
+    python -m bench.delay_proxy --upstream http://127.0.0.1:5000 --first-byte-ms 20 \
+        --bandwidth 50MiB --listen 127.0.0.1:5001
 
-A loopback fake S3 server answers a small GET in a few ms of CPU; a real object store takes tens
-of ms. Put this in front of moto and give its URL to cachefs as the dataset's endpoint: every
-request waits ``--delay-ms`` before it is forwarded, so a cache miss costs what it would cost
-against a real store, while the bytes are moto's, unchanged (status, headers and body are copied;
-only hop-by-hop headers are dropped and the body is re-sent with a Content-Length).
+A loopback fake S3 server answers a small GET in a few ms of CPU and streams at memory speed; a
+real object store takes tens of ms to the first byte and each connection gets a limited share of
+the network. Put this in front of moto and give its URL to cachefs (or any client) as the
+endpoint:
+
+* **first-byte latency** (``--first-byte-ms``, default 20; ``--delay-ms`` is the same option
+  under its old name): every request waits this long before it is forwarded. The proxy reads the
+  upstream's whole answer before replying, so a client sees its first byte after this delay plus
+  the upstream's own time for the whole answer (a few ms for moto on loopback).
+* **bandwidth per connection** (``--bandwidth``, bytes/s, with an optional unit such as
+  ``50MiB``; 0, the default, means unlimited): the body of every forwarded answer is written in
+  small chunks, each no earlier than the time at which that many bytes would have passed at
+  this rate since the body started. A body of n bytes therefore takes at least n / rate seconds
+  after its first-byte delay. Each client connection has its own handler thread and answers
+  on a connection go one after another, so the cap holds per connection; more connections get
+  more bandwidth in total, as from S3.
+
+The bytes are the upstream's, unchanged (status, headers and body are copied; only hop-by-hop
+headers are dropped and the body is re-sent with a Content-Length).
 
 It counts what it forwards, by method and, for GETs, whether the path names an object
 (``/bucket/key``: a data GET) or only a bucket (a listing). ``GET /__delay_proxy__/stats``
-answers the counters as JSON, without delay and without forwarding; the bench reads it before
-and after each phase. Nothing here is imported by cachefs.
+answers the counters (and the proxy's settings, under ``config``) as JSON, without delay and
+without forwarding; the bench reads it before and after each phase. Nothing here is imported by
+cachefs.
 """
 
 from __future__ import annotations
@@ -27,7 +42,16 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from cachefs.errors import ConfigError
+from cachefs.units import parse_size
+
 STATS_PATH = "/__delay_proxy__/stats"
+#: Bounds of one paced write: small enough that pacing is smooth, large enough that a fast rate
+#: does not cost a syscall and a sleep per few bytes.
+MIN_PACING_CHUNK = 4096
+MAX_PACING_CHUNK = 256 * 1024
+#: A paced body is written in chunks of about this many seconds' worth of bytes.
+PACING_SLICE_S = 0.01
 #: Not forwarded in either direction (RFC 9110 §7.6.1), plus the length we set ourselves.
 HOP_BY_HOP = frozenset(
     {
@@ -52,6 +76,32 @@ def request_kind(method: str, path: str) -> str:
         return method
     parts = urllib.parse.urlsplit(path).path.lstrip("/").split("/", 1)
     return "GET object" if len(parts) == 2 and parts[1] else "GET bucket"
+
+
+def pacing_chunk(bandwidth: float) -> int:
+    """Bytes per paced write at ``bandwidth`` bytes/s: about PACING_SLICE_S worth, within
+    [MIN_PACING_CHUNK, MAX_PACING_CHUNK]."""
+    return int(min(MAX_PACING_CHUNK, max(MIN_PACING_CHUNK, bandwidth * PACING_SLICE_S)))
+
+
+def write_paced(write, body: bytes, bandwidth: float, clock=time.monotonic, sleep=time.sleep):
+    """Send ``body`` through ``write`` no faster than ``bandwidth`` bytes/s (0: at once).
+
+    Each chunk goes out no earlier than ``start + (bytes up to its end) / bandwidth``, so the
+    last byte leaves at least ``len(body) / bandwidth`` seconds after the call began.
+    """
+    if bandwidth <= 0:
+        write(body)
+        return
+    view = memoryview(body)
+    chunk = pacing_chunk(bandwidth)
+    began = clock()
+    for offset in range(0, len(body), chunk):
+        part = view[offset : offset + chunk]
+        pause = began + (offset + len(part)) / bandwidth - clock()
+        if pause > 0:
+            sleep(pause)
+        write(part)
 
 
 class Counters:
@@ -91,7 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == STATS_PATH:
-            body = json.dumps(self.server.counters.snapshot()).encode()
+            body = json.dumps(self.server.stats()).encode()
             self._reply(200, [("Content-Type", "application/json")], body)
             return
         self._forward()
@@ -140,11 +190,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(502, [("Content-Type", "text/plain")], message)
             return
         proxy.counters.add(request_kind(self.command, self.path), len(data))
-        self._reply(status, reply_headers, data)
+        self._reply(status, reply_headers, data, bandwidth=proxy.bandwidth)
 
-    def _reply(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+    def _reply(
+        self, status: int, headers: list[tuple[str, str]], body: bytes, bandwidth: float = 0.0
+    ) -> None:
         """Status and end-to-end headers as given; the body with its own Content-Length (a
-        HEAD reply has no body and keeps the upstream's Content-Length)."""
+        HEAD reply has no body and keeps the upstream's Content-Length), paced to
+        ``bandwidth`` bytes/s (0: unpaced)."""
         self.send_response_only(status)
         for key, value in headers:
             if key.lower() not in HOP_BY_HOP:
@@ -157,7 +210,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", length)
         self.end_headers()
         if self.command != "HEAD" and body:
-            self.wfile.write(body)
+            write_paced(self.wfile.write, body, bandwidth)
 
 
 class _ProxyServer(ThreadingHTTPServer):
@@ -165,15 +218,25 @@ class _ProxyServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], upstream: str, delay_s: float):
+    def __init__(
+        self, address: tuple[str, int], upstream: str, delay_s: float, bandwidth: float = 0.0
+    ):
+        if delay_s < 0 or bandwidth < 0:
+            raise ValueError(f"delay and bandwidth must be >= 0, got {delay_s}, {bandwidth}")
         super().__init__(address, _Handler)
         split = urllib.parse.urlsplit(upstream)
         if split.scheme != "http" or not split.hostname:
             raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
         self.upstream = (split.hostname, split.port or 80)
         self.delay_s = delay_s
+        self.bandwidth = float(bandwidth)
         self.counters = Counters()
         self._local = threading.local()  # one upstream connection per handler thread
+
+    def stats(self) -> dict:
+        """The counters, and the settings they were made under."""
+        config = {"first_byte_ms": 1000 * self.delay_s, "bandwidth_bytes_per_s": self.bandwidth}
+        return {**self.counters.snapshot(), "config": config}
 
     def send_upstream(
         self, method: str, path: str, body: bytes | None, headers: dict[str, str]
@@ -196,10 +259,21 @@ class _ProxyServer(ThreadingHTTPServer):
 
 
 class DelayProxy:
-    """The proxy in a background thread of this process (tests, or ``main`` below)."""
+    """The proxy in a background thread of this process (tests, or ``main`` below).
 
-    def __init__(self, upstream: str, delay_s: float, host: str = "127.0.0.1", port: int = 0):
-        self._server = _ProxyServer((host, port), upstream, delay_s)
+    ``delay_s`` is the first-byte latency added to every request; ``bandwidth`` caps each
+    connection's answer bodies, in bytes/s (0: unlimited)."""
+
+    def __init__(
+        self,
+        upstream: str,
+        delay_s: float,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        bandwidth: float = 0.0,
+    ):
+        self._server = _ProxyServer((host, port), upstream, delay_s, bandwidth)
         self._thread: threading.Thread | None = None
 
     @property
@@ -215,7 +289,7 @@ class DelayProxy:
         return self
 
     def stats(self) -> dict:
-        return self._server.counters.snapshot()
+        return self._server.stats()
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -255,19 +329,58 @@ def stats_delta(before: dict, after: dict) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.delay_proxy", description=__doc__)
+def _bandwidth(text: str) -> int:
+    """Bytes/s from "0", "12500000", "50MiB", "100MB" (a size per second)."""
+    try:
+        return parse_size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.delay_proxy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--upstream", required=True, help="http://host:port to forward to")
-    parser.add_argument("--delay-ms", type=float, default=20.0, help="added to every request")
+    parser.add_argument(
+        "--first-byte-ms",
+        "--delay-ms",
+        dest="delay_ms",
+        type=float,
+        default=20.0,
+        help="latency added to every request before it is forwarded (default 20)",
+    )
+    parser.add_argument(
+        "--bandwidth",
+        type=_bandwidth,
+        default=0,
+        help="bytes/s per connection for answer bodies, e.g. 50MiB (default 0: unlimited)",
+    )
     parser.add_argument("--listen", default="127.0.0.1:0", help="host:port (port 0: any)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     host, _, port = args.listen.rpartition(":")
-    proxy = DelayProxy(args.upstream, args.delay_ms / 1000, host or "127.0.0.1", int(port))
+    proxy = DelayProxy(
+        args.upstream,
+        args.delay_ms / 1000,
+        host or "127.0.0.1",
+        int(port),
+        bandwidth=args.bandwidth,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with proxy:
-        print(f"delay_proxy: {proxy.url} -> {args.upstream}, +{args.delay_ms} ms", flush=True)
+        cap = f"{args.bandwidth:,} B/s per connection" if args.bandwidth else "no bandwidth cap"
+        print(
+            f"delay_proxy: {proxy.url} -> {args.upstream}, +{args.delay_ms} ms, {cap}",
+            flush=True,
+        )
         stop.wait()
     print(f"delay_proxy: stopped; forwarded {json.dumps(proxy.stats())}", flush=True)
     return 0

@@ -16,7 +16,15 @@ import numpy
 import pytest
 import xxhash
 
-from bench.delay_proxy import DelayProxy, fetch_stats, request_kind, stats_delta
+from bench.delay_proxy import (
+    DelayProxy,
+    build_parser,
+    fetch_stats,
+    pacing_chunk,
+    request_kind,
+    stats_delta,
+    write_paced,
+)
 from bench.jobs_bench import (
     CONFIGS,
     BenchmarkFailure,
@@ -486,3 +494,62 @@ def test_proxy_answers_502_when_the_upstream_is_gone(upstream):
         status, _, body = _request(proxy.url, "GET", "/bucket/blob")
         assert status == 502 and b"upstream failed" in body
         assert proxy.stats()["errors"] == 1
+
+
+def test_proxy_paces_bodies_to_the_bandwidth_and_keeps_the_bytes(upstream):
+    bandwidth = 2_000_000  # bytes/s: BLOB (700 kB) takes at least 0.35 s
+    with DelayProxy(upstream, 0.0, bandwidth=bandwidth) as proxy:
+        began = time.perf_counter()
+        status, headers, body = _request(proxy.url, "GET", "/bucket/blob")
+        elapsed = time.perf_counter() - began
+        assert (status, body, headers["Content-Length"]) == (200, BLOB, str(len(BLOB)))
+        assert elapsed >= len(BLOB) / bandwidth - 0.01  # a lower bound, not a timing target
+        status, _, body = _request(
+            proxy.url, "GET", "/bucket/blob", headers={"Range": "bytes=5-70004"}
+        )
+        assert (status, body) == (206, BLOB[5:70005])
+        status, headers, body = _request(proxy.url, "HEAD", "/bucket/blob")
+        assert (status, body, headers["Content-Length"]) == (200, b"", str(len(BLOB)))
+        stats = fetch_stats(proxy.url)
+    assert stats["config"] == {"first_byte_ms": 0.0, "bandwidth_bytes_per_s": 2_000_000.0}
+    assert stats["bytes"]["GET object"] == len(BLOB) + 70_000
+
+
+def test_paced_writes_keep_the_bytes_and_never_run_ahead_of_the_rate():
+    now = [100.0]
+    writes: list[tuple[float, bytes]] = []
+
+    def sleep(seconds: float) -> None:
+        assert seconds > 0
+        now[0] += seconds
+
+    body = random.Random(3).randbytes(50_000)
+    write_paced(
+        lambda part: writes.append((now[0], bytes(part))), body, 10_000, lambda: now[0], sleep
+    )
+    assert b"".join(part for _, part in writes) == body
+    assert len(writes) > 1
+    sent = 0
+    for at, part in writes:  # each chunk leaves no earlier than its last byte allows
+        sent += len(part)
+        assert at - 100.0 >= sent / 10_000 - 1e-9
+    assert writes[-1][0] - 100.0 == pytest.approx(len(body) / 10_000)
+    unpaced: list[bytes] = []
+    write_paced(unpaced.append, body, 0, lambda: 0.0, lambda s: pytest.fail("slept"))
+    assert unpaced == [body]
+    assert pacing_chunk(1) == 4096 and pacing_chunk(10**12) == 256 * 1024
+    assert pacing_chunk(10_000_000) == 100_000
+
+
+def test_proxy_command_line_keeps_delay_ms_and_adds_first_byte_and_bandwidth():
+    parse = build_parser().parse_args
+    defaults = parse(["--upstream", "http://127.0.0.1:1"])
+    assert (defaults.delay_ms, defaults.bandwidth) == (20.0, 0)
+    assert parse(["--upstream", "u", "--delay-ms", "5"]).delay_ms == 5.0
+    assert parse(["--upstream", "u", "--first-byte-ms", "7.5"]).delay_ms == 7.5
+    assert parse(["--upstream", "u", "--bandwidth", "50MiB"]).bandwidth == 50 * 2**20
+    assert parse(["--upstream", "u", "--bandwidth", "12500000"]).bandwidth == 12_500_000
+    with pytest.raises(SystemExit):
+        parse(["--upstream", "u", "--bandwidth", "fast"])
+    with pytest.raises(ValueError):
+        DelayProxy("http://127.0.0.1:1", 0.0, bandwidth=-1)
