@@ -523,6 +523,17 @@ class CacheManager:
             default=0.0,
         )
 
+    def _last_preload(self, dataset: str, copy_id: str) -> float:
+        """When a preload of the copy last ended: freshly preloaded data counts as used."""
+        return max(
+            (
+                p.finished_at or p.created_at
+                for p in self.cluster.preloads.values()
+                if p.dataset == dataset and p.copy == copy_id
+            ),
+            default=0.0,
+        )
+
     def _copy_busy(self, dataset: str, copy_id: str) -> bool:
         """A job runs on it, a preload fills it or it is being filled from peers."""
         if any(j.dataset == dataset and j.copy == copy_id for j in self.jobs.values()):
@@ -542,7 +553,12 @@ class CacheManager:
                 if copy.fill is not None or self._copy_busy(name, copy_id):
                     continue
                 nodes = self.cluster.copy_nodes(name, copy_id)
-                last_used = max(copy.created_at, copy.last_used_at, self._last_read(name, nodes))
+                last_used = max(
+                    copy.created_at,
+                    copy.last_used_at,
+                    self._last_read(name, nodes),
+                    self._last_preload(name, copy_id),
+                )
                 if copy.freed_at is not None and copy.freed_at >= last_used:
                     continue  # freed, and nobody used it since
                 idle = now - last_used

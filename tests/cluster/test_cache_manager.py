@@ -192,14 +192,17 @@ def test_ttl_frees_an_idle_copy_lock_never_and_the_reserve_stays(tmp_path, bucke
         locked = add(cluster, bucket, fault_proxy, "ds", cleanup="lock")
         expiring = add(cluster, bucket, fault_proxy, "old", cleanup="ttl:4s")
         assert cluster.preload("ds")["state"] == "completed"  # first: it gets the reserve
+        reserved_by_ds = {w.node: reserved_on(cluster, w.node) for w in cluster.workers}
+        assert all(reserved_by_ds.values())
         assert cluster.preload("old")["state"] == "completed"
         reserved = {w.node: reserved_on(cluster, w.node) for w in cluster.workers}
-        assert all(reserved.values())
+        # Small blocks of "old" may have fitted in what "ds" left of the reserve: they stay.
+        reserved_by_old = {node: reserved[node] - reserved_by_ds[node] for node in reserved}
 
         def freed() -> bool:
-            return all(cached_on(cluster, w.node, "old") == 0 for w in cluster.workers) and any(
-                e["kind"] == "freed" for e in cluster.client.events("old")
-            )
+            return all(
+                cached_on(cluster, node, "old") == reserved_by_old[node] for node in reserved
+            ) and any(e["kind"] == "freed" for e in cluster.client.events("old"))
 
         wait_for(freed, "ttl cleanup of old", timeout=30)
         assert any("ttl" in e["message"] for e in cluster.client.events("old"))
@@ -217,7 +220,9 @@ def test_ttl_frees_an_idle_copy_lock_never_and_the_reserve_stays(tmp_path, bucke
             drop_page_cache()
             assert read_all(worker.mount, locked, "ds") == []
             assert read_all(worker.mount, expiring, "old") == []
-        assert fault_proxy.count("GET") == blocks_of(expiring)  # only the freed dataset's
+        gets = fault_proxy.count("GET")
+        assert 0 < gets <= blocks_of(expiring)
+        assert fault_proxy.count("GET", path_contains="/old/") == gets  # only the freed dataset
     finally:
         cluster.cleanup()
 

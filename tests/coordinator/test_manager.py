@@ -14,6 +14,7 @@ from cachefs.protocol import SHARDS, owner_table
 from coordinator.cluster import Cluster, NodeNotFound
 from coordinator.copies import Locality, clone_nodes, next_copy_id, rank_nodes
 from coordinator.manager import CopyBusy, JobExists, JobNotFound
+from coordinator.preload import Selection
 from coordinator.state import LmdbStateStore
 from tests.coordinator.model import DOWN_AFTER_S, HEARTBEAT_S, FakeClock, beat, spec
 
@@ -388,3 +389,22 @@ def test_raising_the_limit_promotes_and_policies_are_validated(cluster: Cluster)
         cluster.update_policy("imagenet", {"uri": "s3://elsewhere/"})
     assert cluster.dataset_status("imagenet")["cleanup"] == "lru"
     assert any(e["kind"] == "policy" for e in cluster.manager.list_events("imagenet"))
+
+
+def test_a_preload_counts_as_use_for_ttl(cluster: Cluster, clock: FakeClock) -> None:
+    """A copy freed while idle and then preloaded must not count as "freed, unused since"."""
+    cluster.add_dataset(spec("imagenet", cleanup="ttl:60s"))
+    beat_all(cluster, ["n1"])
+    wait(cluster, clock, 61, ["n1"])
+    first = beat(cluster, "n1")["tasks"]
+    assert [t["kind"] for t in first] == ["free"]  # idle since it was added
+    beat(cluster, "n1", tasks_done={first[0]["id"]: {"freed_bytes": 0}})
+    job = cluster.start_preload("imagenet", Selection())
+    cluster.preloads[job["id"]].state, cluster.preloads[job["id"]].finished_at = (
+        "completed",
+        clock(),
+    )
+    wait(cluster, clock, 30, ["n1"])
+    assert not beat(cluster, "n1")["tasks"]  # preloaded 30 s ago: in use
+    wait(cluster, clock, 31, ["n1"])
+    assert [t["kind"] for t in beat(cluster, "n1")["tasks"]] == ["free"]
