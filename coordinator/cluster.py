@@ -63,6 +63,15 @@ class NodeState:
     def durable(self) -> dict:
         return {"node": self.node, "address": self.address, "registered_at": self.registered_at}
 
+    @property
+    def cache_capacity(self) -> int:
+        """Bytes of all its tiers, as last reported."""
+        return sum(t.get("capacity", 0) for t in self.tiers)
+
+    @property
+    def cache_used(self) -> int:
+        return sum(t.get("used", 0) for t in self.tiers)
+
 
 @dataclass
 class DatasetState:
@@ -221,14 +230,7 @@ class Cluster:
                 **state.spec.to_json(),
                 "refresh_epoch": state.refresh_epoch,
                 "copies": self.manager.copy_docs(name, state),
-                "jobs": {
-                    "running": sum(
-                        1
-                        for j in self.manager.jobs.values()
-                        if j.dataset == name and j.state == "running"
-                    ),
-                    "suspended": len(self.manager._queue(name)),
-                },
+                "jobs": self.manager.job_counts(name),
                 "freed_bytes": sum(
                     nbytes
                     for (dataset, _), nbytes in self.manager.freed_bytes.items()
@@ -412,13 +414,11 @@ class Cluster:
             for name, node in self.nodes.items():
                 if not self.is_up(node, now):
                     continue
-                capacity = sum(t.get("capacity", 0) for t in node.tiers)
-                used = sum(t.get("used", 0) for t in node.tiers)
                 nodes[name] = {
                     "gpus": node.gpus,
                     "free_gpus": node.gpus,
-                    "cache_capacity": capacity,
-                    "cache_used": min(used, capacity),
+                    "cache_capacity": node.cache_capacity,
+                    "cache_used": min(node.cache_used, node.cache_capacity),
                 }
             return {"datasets": datasets, "nodes": nodes}
 

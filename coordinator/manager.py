@@ -208,6 +208,11 @@ class CacheManager:
         waiting = [j for j in self.jobs.values() if j.dataset == dataset and j.state == "suspended"]
         return sorted(waiting, key=lambda j: j.seq)
 
+    def job_counts(self, dataset: str) -> dict[str, int]:
+        """Running and suspended jobs of ``dataset``."""
+        running = sum(self._running_per_copy(dataset).values())
+        return {"running": running, "suspended": len(self._queue(dataset))}
+
     def _running_per_copy(self, dataset: str) -> dict[str, int]:
         counts: dict[str, int] = {}
         for job in self.jobs.values():
@@ -322,12 +327,10 @@ class CacheManager:
         return f"{copy_id}-{state.fill_seq}"
 
     def _free_cache(self) -> dict[str, int]:
-        free = {}
-        for name, node in self.cluster.nodes.items():
-            capacity = sum(t.get("capacity", 0) for t in node.tiers)
-            used = sum(t.get("used", 0) for t in node.tiers)
-            free[name] = max(0, capacity - used)
-        return free
+        return {
+            name: max(0, node.cache_capacity - node.cache_used)
+            for name, node in self.cluster.nodes.items()
+        }
 
     def _touch_copy(self, state: DatasetState, copy_id: str) -> None:
         copy = state.copies.get(copy_id)
@@ -584,8 +587,7 @@ class CacheManager:
         for name, node in self.cluster.nodes.items():
             if name in busy_nodes or not self.cluster.is_up(node, now):
                 continue
-            capacity = sum(t.get("capacity", 0) for t in node.tiers)
-            used = sum(t.get("used", 0) for t in node.tiers)
+            capacity, used = node.cache_capacity, node.cache_used
             if not capacity or used / capacity < self.lru_high_watermark:
                 continue
             held = {
@@ -731,11 +733,9 @@ class CacheManager:
 
     def used_ratio(self, dataset: str, copy_id: str) -> float:
         """Cache used / capacity over the copy's live nodes (the CacheScaler's HPA metric)."""
-        capacity = used = 0
-        for name in self.cluster.live_copy_nodes(dataset, copy_id):
-            tiers = self.cluster.nodes[name].tiers
-            capacity += sum(t.get("capacity", 0) for t in tiers)
-            used += sum(t.get("used", 0) for t in tiers)
+        nodes = [self.cluster.nodes[n] for n in self.cluster.live_copy_nodes(dataset, copy_id)]
+        capacity = sum(node.cache_capacity for node in nodes)
+        used = sum(node.cache_used for node in nodes)
         return min(1.0, used / capacity) if capacity else 0.0
 
     def list_events(self, dataset: str | None = None, limit: int = 100) -> list[dict]:

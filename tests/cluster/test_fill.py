@@ -11,16 +11,12 @@ reach a store.
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from functools import partial
 
 import pytest
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 
 from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.cache.base import BlockKey, shard_of
@@ -35,28 +31,12 @@ from cachefs.peer.client import PeerClient
 from cachefs.peer.server import create_peer_app
 from cachefs.protocol import owner_table
 from cachefs.store import StoreConfig, open_store
+from tests.fakes.wrappers import CountingStore, served
 
 BLOCK = 16 * 1024
 TOKEN = "fill-token"
 DATASET = "ds"
 SOURCE_ID = 77
-
-
-class CountingStore:
-    """Delegates to a real store; counts get_range calls."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.gets = 0
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def get_range(self, key, offset, length, *, etag=None):
-        with self._lock:
-            self.gets += 1
-        return self.inner.get_range(key, offset, length, etag=etag)
 
 
 @dataclass
@@ -127,19 +107,6 @@ def dataset_files() -> dict[str, bytes]:
     files["train/exact.bin"] = rng.randbytes(2 * BLOCK)
     files["train/empty"] = b""
     return files
-
-
-@asynccontextmanager
-async def served(app, host: str) -> AsyncIterator[str]:
-    config = Config()
-    config.bind = [f"{host}:0"]
-    config.accesslog = None
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            partial(serve, app, config, shutdown_trigger=trio.sleep_forever)
-        )
-        yield binds[0].removeprefix("http://")
-        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture

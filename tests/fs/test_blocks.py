@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
-import time
 
 import pytest
 import trio
@@ -17,30 +15,9 @@ from cachefs.errors import StoreUnavailable
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
 from cachefs.metrics import WorkerMetrics
 from cachefs.store import StoreConfig, open_store
+from tests.fakes.wrappers import CountingStore
 
 BLOCK = 16 * 1024
-
-
-class CountingStore:
-    """Delegates to a real store; counts get_range calls and can delay or fail them."""
-
-    def __init__(self, inner, delay_s: float = 0.0):
-        self.inner = inner
-        self.delay_s = delay_s
-        self.fail = False
-        self.gets = 0
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def get_range(self, key, offset, length, *, etag=None):
-        with self._lock:
-            self.gets += 1
-        time.sleep(self.delay_s)
-        if self.fail:
-            raise StoreUnavailable("injected failure", key=key)
-        return self.inner.get_range(key, offset, length, etag=etag)
 
 
 @pytest.fixture

@@ -12,18 +12,16 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 
 from cachefs.errors import CachefsError, ObjectNotFound
 from cachefs.peer.base import BlockRequest, NotCached, PeerError, PeerRefused, PeerUnavailable
 from cachefs.peer.client import PeerClient
 from cachefs.peer.server import create_peer_app
+from tests.fakes.wrappers import served
 
 TOKEN = "s3cret-token"
 MIB = 1 << 20
@@ -45,20 +43,6 @@ class FakeOwner:
 
 def request_for(key: str, data: bytes, index: int = 0, block_size: int = MIB) -> BlockRequest:
     return BlockRequest("ds", key, '"etag-1"', len(data), index, block_size)
-
-
-@asynccontextmanager
-async def served(app, host: str = "127.0.0.1") -> AsyncIterator[str]:
-    """Serve ``app`` with hypercorn's trio server on a free port; yield "host:port"."""
-    config = Config()
-    config.bind = [f"{host}:0"]
-    config.accesslog = None
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            partial(serve, app, config, shutdown_trigger=trio.sleep_forever)
-        )
-        yield binds[0].removeprefix("http://")
-        nursery.cancel_scope.cancel()
 
 
 @asynccontextmanager
