@@ -58,9 +58,7 @@ from dataclasses import asdict, dataclass, field
 import xxhash
 
 from bench.cluster_bench import (
-    Child,
     Cluster,
-    _child_env,
     _job_line,
     _load,
     busy_between,
@@ -83,12 +81,12 @@ from bench.read_bench import (
     MotoProcess,
     describe_machine,
     drop_page_cache,
-    free_port,
     lock_workdir,
     run_and_report,
     save_results,
     wait_for_quiet_cpu,
 )
+from bench.suite.backend import ProxyProcess
 from cachefs.units import parse_duration
 
 CONFIGS = ("no-hints", "tdcs", "tdcs+suspend", "tdcs+clone")
@@ -684,34 +682,6 @@ def make_data(args: argparse.Namespace) -> dict[str, DatasetFiles]:
             hashes=expected_hashes(plan),
         )
     return data
-
-
-class ProxyProcess:
-    """bench/delay_proxy.py in its own process (its GIL is not the readers')."""
-
-    def __init__(self, upstream: str, delay_ms: float, log_path: str):
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        argv = [
-            sys.executable, "-m", "bench.delay_proxy", "--upstream", upstream,
-            "--delay-ms", str(delay_ms), "--listen", f"127.0.0.1:{port}",
-        ]  # fmt: skip
-        self.child = Child(argv, log_path, _child_env({}))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                fetch_stats(self.url, timeout=2)
-                return
-            except OSError as exc:
-                if not self.child.alive() or time.monotonic() > deadline:
-                    self.child.terminate()
-                    raise BenchmarkFailure(
-                        f"the delay proxy did not start ({exc}):\n{self.child.log_tail()}"
-                    ) from exc
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.child.terminate()
 
 
 def run_benchmark(args: argparse.Namespace) -> dict:

@@ -624,13 +624,20 @@ class WorkerProcess:
     """``python -m cachefs up`` with its own state dir, RAM-tier dir and mount."""
 
     def __init__(
-        self, workdir: str, *, ram: str, env: dict[str, str], extra_args: Sequence[str] = ()
+        self,
+        workdir: str,
+        *,
+        ram: str,
+        env: dict[str, str],
+        extra_args: Sequence[str] = (),
+        ram_dir: str | None = None,
     ):
         from cachefs.client import ControlClient  # only the worker part of the bench needs it
 
         self.state = os.path.join(workdir, "state")
         self.mount = os.path.join(workdir, "mnt")
-        self.ram_dir = f"/dev/shm/cachefs-read-bench-{os.getpid()}"
+        # Two workers of one bench process need two RAM-tier directories (``ram_dir``).
+        self.ram_dir = ram_dir or f"/dev/shm/cachefs-read-bench-{os.getpid()}"
         self.log_path = os.path.join(workdir, "worker.log")
         if os.path.ismount(self.mount):
             raise BenchmarkFailure(f"{self.mount} is already mounted (another worker?)")

@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # etcd-server: the tests run their own etcd on free ports (tests/fakes/etcd.py); a system etcd
-# service that apt may start is not used.
+# service that apt may start is not used. s3fs and rclone: the peers of the benchmark suite
+# (bench/suite), also mounted by its tests.
 need_apt=()
-for pkg in fuse3 libfuse3-dev pkg-config etcd-server iptables; do
+for pkg in fuse3 libfuse3-dev pkg-config etcd-server iptables s3fs rclone; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
@@ -20,7 +21,7 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev,bench]"
 # pyfuse3 with a one-line patch that enables FUSE no-open mode (see the script's docstring);
 # cachefs also runs on the stock pyfuse3, only slower.
 .venv/bin/python third_party/pyfuse3/build.py
