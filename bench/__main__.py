@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--skip", type=_parts, default=[], help=f"comma list of {PARTS}")
     parser.add_argument("--cachefs-args", default="", help="extra `cachefs worker` options")
+    parser.add_argument(
+        "--preload-processes", type=int, default=4, help="cachefs fetcher processes (preload)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="data seed")
     parser.add_argument("--order-seed", type=int, default=1, help="shuffled read order seed")
     parser.add_argument("--quiet-cpu", type=float, default=0.3, help="start a timed run at...")

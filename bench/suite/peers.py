@@ -2,9 +2,10 @@
 
 Both mount the same S3 endpoint and bucket that cachefs reads (the delay proxy in front of
 moto), tuned as their own documentation recommends for read-only training data: large,
-immutable, read many times. That means a local disk cache of the data, the kernel page cache
-kept across opens, long attribute/directory caches and read-only mounts. ``describe()`` gives
-the exact argv and every tuning flag with the reason it is there, for the report.
+immutable, read many times. That means read-only mounts, a local disk cache of the data, long
+attribute and directory caches and (s3fs; rclone 1.60 has no such option) the kernel page cache
+kept across opens. ``describe()`` gives the exact argv and every tuning flag with the reason it
+is there, for the report.
 
     with S3fsMount(endpoint, bucket, "/tmp/work/s3fs", cache_size=8 << 30) as mount:
         data = open(os.path.join(mount.root, "small/train/n01/x.JPEG"), "rb").read()
@@ -15,9 +16,10 @@ bench owns its process and its pid, and its log goes to ``<workdir>/<name>.log``
 never appear on a command line: s3fs reads a mode-600 ``passwd_file`` in the work dir (removed
 by ``stop()``), rclone's remote is configured through ``RCLONE_CONFIG_<NAME>_*`` variables.
 
-Findings that shape the numbers (see ``notes`` in ``describe()``): s3fs 1.90 forgets a file's
-stat-cache entry whenever the file is closed, so every open costs one HEAD even when its data
-comes from the disk cache; rclone answers re-opens from its directory cache without requests.
+Findings that shape the numbers (``notes`` in ``describe()``): s3fs 1.90 drops a file's
+stat-cache entry on every open and close, so each open costs one or two HEADs even when its data
+comes from the disk cache; rclone 1.60 answers re-opens from its directory cache without any
+request, but keeps no file data in the kernel page cache, so every read goes through rclone.
 Nothing here is imported by cachefs.
 """
 
@@ -65,7 +67,9 @@ def binary_version(binary: str) -> str:
     }[binary]
     output = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30).stdout
     match = re.search(pattern, output)
-    return match.group(1) if match else output.strip().splitlines()[0] if output else "?"
+    if match:
+        return match.group(1)
+    return output.strip().split("\n")[0] or "?"
 
 
 def is_mounted(path: str) -> bool:
@@ -346,8 +350,9 @@ class S3fsMount(PeerMount):
         return [
             "no notsup_compat_dir: the bucket has no directory objects, and s3fs 1.90's "
             "default recognises the directories implied by keys",
-            "s3fs 1.90 drops a file's stat-cache entry when the file is closed, so every open "
-            "costs one HEAD to the store even when the data is in the disk cache",
+            "s3fs 1.90 drops a file's stat-cache entry when it opens and when it closes the "
+            "file, so every open costs one HEAD to the store (two when the kernel asks for the "
+            "attributes first) even when the data comes from the disk cache",
         ]
 
 
@@ -398,8 +403,8 @@ class RcloneMount(PeerMount):
             f"--cache-dir {self.cache_dir}": "where the disk cache lives",
             f"--vfs-cache-max-age {lifetime}": "cached data never expires during a run",
             f"--dir-cache-time {lifetime}": "directory listings never expire during a run",
-            f"--attr-timeout {lifetime}": "the kernel keeps attributes for the run: the "
-            "objects never change, so a long timeout is safe (the docs' only caveat)",
+            f"--attr-timeout {lifetime}": "the kernel keeps attributes for the run: safe, as "
+            "the objects never change (the docs warn only about changes made outside rclone)",
             "--poll-interval 0": "S3 has no change notifications to poll",
             "--allow-other": "readers of any user see the mount",
             "--no-modtime": "no modification-time lookups (the docs: can speed things up)",
@@ -412,7 +417,8 @@ class RcloneMount(PeerMount):
             "further chunk (--vfs-read-chunk-size-limit off) for long sequential reads",
         }
         if self.cache_size is not None:
-            flags[f"--vfs-cache-max-size {self.cache_size}"] = "bounds the disk cache"
+            # A bare number is KiB to rclone: give the unit.
+            flags[f"--vfs-cache-max-size {self.cache_size}B"] = "bounds the disk cache"
         return flags
 
     def argv(self) -> list[str]:

@@ -88,7 +88,10 @@ def evaluate(results: dict) -> list[dict]:
             )
         )
     for row in (results.get("thrash") or {}).get("targets", []):
-        rows.append(_target(row["target"], row["value"], row["threshold"], row.get("unit", "x")))
+        target = _target(row["target"], row["value"], row["threshold"], row.get("unit", "x"))
+        if row["threshold"] <= 0:  # informational (lru): a number, no verdict
+            target["met"] = None
+        rows.append(target)
     return rows
 
 

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -143,15 +144,21 @@ def dataset_spec(ctx: Context, name: str) -> dict:
     }
 
 
-def start_cachefs(ctx: Context) -> None:
-    """A one-node cluster on 127.0.0.2; RAM tier big enough for every dataset."""
+def start_cachefs(ctx: Context, stack: contextlib.ExitStack) -> None:
+    """A one-node cluster on 127.0.0.2; RAM tier big enough for every dataset. Its stop is
+    registered on ``stack`` before it starts, so a failed start leaves nothing running."""
     p = ctx.preset
     data = ctx.plans["small"].total_bytes + ctx.plans["samples"].total_bytes
     data += sum(s.size for s in ctx.plans["shards"])
     ram_mib = max(1024, int(1.25 * data) >> 20)
-    options = argparse.Namespace(nodes=1, preload_processes=2, worker_args=ctx.args.cachefs_args)
-    ctx.cluster = Cluster(os.path.join(ctx.workdir, "cachefs"), options, f"{ram_mib}MiB")
-    os.makedirs(ctx.cluster.workdir, exist_ok=True)
+    options = argparse.Namespace(
+        nodes=1, preload_processes=ctx.args.preload_processes, worker_args=ctx.args.cachefs_args
+    )
+    workdir = os.path.join(ctx.workdir, "cachefs")
+    shutil.rmtree(workdir, ignore_errors=True)  # a cold cache and an empty coordinator
+    os.makedirs(workdir)
+    ctx.cluster = Cluster(workdir, options, f"{ram_mib}MiB")
+    stack.callback(ctx.cluster.stop)
     ctx.cluster.start()
     for name in (SMALL, SAMPLES, LARGE, META):
         ctx.cluster.add_dataset(dataset_spec(ctx, name))
@@ -513,8 +520,7 @@ def run_suite(args: argparse.Namespace) -> dict:
                                   bandwidth=args.bandwidth)  # fmt: skip
             stack.callback(ctx.backend.stop)
             results["upload"] = upload_data(ctx)
-            start_cachefs(ctx)
-            stack.callback(ctx.cluster.stop)
+            start_cachefs(ctx, stack)
             stack.callback(lambda: [m.stop() for m in ctx.mounts.values()])
             start_peers(ctx)
             for name, workload in WORKLOADS.items():

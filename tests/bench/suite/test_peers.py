@@ -57,9 +57,10 @@ def proxy(moto_s3):
 
 @pytest.fixture
 def mount(peer_class, proxy, bucket, moto_s3, tmp_path):
-    with peer_class(proxy.url, bucket[0], str(tmp_path), env=moto_s3.env) as mounted:
-        yield mounted
-    assert not peers.is_mounted(mounted.root)
+    peer = peer_class(proxy.url, bucket[0], str(tmp_path), env=moto_s3.env, cache_size=1 << 30)
+    with peer:
+        yield peer
+    assert not peers.is_mounted(peer.root)
 
 
 def object_gets(proxy: DelayProxy) -> int:
@@ -137,7 +138,7 @@ def test_s3fs_credentials_file_is_private_and_removed_on_stop(proxy, bucket, mot
 def test_cache_size_bounds_the_cache(peer_class, proxy, bucket, tmp_path):
     flags = peer_class(proxy.url, bucket[0], str(tmp_path), cache_size=1 << 30).flags()
     if peer_class is peers.RcloneMount:
-        assert f"--vfs-cache-max-size {1 << 30}" in flags
+        assert f"--vfs-cache-max-size {1 << 30}B" in flags  # bytes, not rclone's default KiB
     else:  # about (free space - cache_size) MB kept free
         diskfree = next(int(f.split("=")[1]) for f in flags if f.startswith("ensure_diskfree="))
         expected = (peers.free_bytes(str(tmp_path)) - (1 << 30)) >> 20
