@@ -70,6 +70,7 @@ class WorkerMetrics:
         self.misses = 0
         self.bytes_served = {"ram": 0, "ssd": 0, "recent": 0, "peer": 0, "store": 0}
         self.fetch_coalesced = 0
+        self.readahead_blocks = 0  # blocks fetched ahead of sequential readers
         # object store
         self.store_requests: dict[tuple[str, str], int] = {}  # (op, outcome) -> count
         self.store_latency = LabeledHistograms()  # op -> seconds (including retries)
@@ -137,6 +138,11 @@ class _WorkerCollector(Collector):
             "cachefs_fetch_coalesced",
             "Block misses that joined an in-flight fetch",
             value=m.fetch_coalesced,
+        )
+        yield CounterMetricFamily(
+            "cachefs_readahead_blocks",
+            "Blocks fetched ahead of sequential readers",
+            value=m.readahead_blocks,
         )
         requests = CounterMetricFamily(
             "cachefs_store_requests", "Object-store requests", labels=["op", "outcome"]

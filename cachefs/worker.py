@@ -240,6 +240,7 @@ class Worker(WorkerAPI):
                     await self._start_cluster(nursery)
                 async with trio.open_nursery() as background:
                     background.start_soon(self._housekeeping)
+                    await background.start(self.fs.reader.serve_readahead)
                     background.start_soon(self._watch_signals)
                     if self.agent is not None:
                         await background.start(self.preloader.run)
@@ -658,6 +659,7 @@ class Worker(WorkerAPI):
                 "hit_ratio": m.hit_ratio(),
                 "bytes_served": dict(m.bytes_served),
                 "coalesced": m.fetch_coalesced,
+                "readahead_blocks": m.readahead_blocks,
             },
             "cache": vars_of(counters),
             "store": {

@@ -5,7 +5,9 @@ index)``, so the same plan gives the same bytes on tmpfs, in the store and throu
 and a reader can check every MiB it reads against one xxh3 digest per chunk
 (:func:`shard_digests`). :func:`measure` times reader threads over a :class:`DirReader` (a
 directory: tmpfs or a FUSE mount) or an :class:`S3Reader` (ranged GETs) and fails rather than
-report a number that came from wrong or missing bytes.
+report a number that came from wrong or missing bytes. Reads of any size at any offset are
+checked; those that cut chunks are checked against digests of the pieces they cover, made from
+the generator before the clock starts.
 """
 
 from __future__ import annotations
@@ -14,16 +16,19 @@ import os
 import random
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import xxhash
 
 from bench.read_bench import BenchmarkFailure
 
-#: The unit of generation and verification; every timed read covers whole chunks.
-CHUNK = 1 << 20
+MiB = 1 << 20
+#: The unit of generation and verification: one xxh3 digest per chunk.
+CHUNK = MiB
 #: Multipart part size of :func:`upload_s3`; one part is all that is ever held in memory.
 PART_SIZE = 16 << 20
 #: Shard sizes between the smallest and the largest are rounded to this.
@@ -39,7 +44,9 @@ class Shard:
     size: int
 
 
-def plan_shards(count: int, *, min_size: int, max_size: int, seed: int = 0) -> list[Shard]:
+def plan_shards(
+    count: int, *, min_size: int = 64 * MiB, max_size: int = 256 * MiB, seed: int = 0
+) -> list[Shard]:
     """``count`` shards whose sizes span [min_size, max_size]: the first is ``min_size``, the
     last ``max_size`` (when count > 1), the others drawn from ``seed`` in between, rounded to
     4 KiB. The same arguments always give the same plan."""
@@ -77,12 +84,59 @@ def shard_chunks(shard: Shard, seed: int = 0) -> Iterator[bytes]:
         yield shard_chunk(shard, chunk_index, seed)
 
 
-def shard_digests(shards: Iterable[Shard], seed: int = 0) -> dict[str, list[int]]:
-    """xxh3_64 of every chunk, per shard path: what :func:`measure` checks every read against."""
-    return {
-        shard.path: [xxhash.xxh3_64_intdigest(chunk) for chunk in shard_chunks(shard, seed)]
-        for shard in shards
-    }
+class ShardDigests:
+    """What every read of a plan's shards is checked against: the xxh3_64 of every chunk, and
+    of the pieces of chunks that reads not aligned to chunks cover (made on demand by
+    :meth:`cover`, before the clock runs, from the seed the plan's bytes came from)."""
+
+    def __init__(self, shards: Iterable[Shard], seed: int = 0):
+        self.seed = seed
+        self.chunks = {
+            shard.path: [xxhash.xxh3_64_intdigest(chunk) for chunk in shard_chunks(shard, seed)]
+            for shard in shards
+        }
+        self._pieces: dict[tuple[str, int, int], int] = {}
+
+    def cover(self, shard: Shard, reads: Iterable[tuple[int, int]]) -> None:
+        """Digest every piece of a chunk that one of ``reads`` ((offset, length) pairs) covers
+        only in part. Generating a chunk is far slower than reading it, so this must not happen
+        while a read is timed; each needed chunk is generated once."""
+        wanted: dict[int, set[tuple[int, int]]] = defaultdict(set)
+        for offset, length in reads:
+            for start, end in chunk_pieces(offset, offset + length):
+                if not _is_whole_chunk(shard, start, end) and (
+                    (shard.path, start, end) not in self._pieces
+                ):
+                    wanted[start // CHUNK].add((start, end))
+        for chunk_index, pieces in wanted.items():
+            chunk, base = shard_chunk(shard, chunk_index, self.seed), chunk_index * CHUNK
+            for start, end in pieces:
+                digest = xxhash.xxh3_64_intdigest(chunk[start - base : end - base])
+                self._pieces[(shard.path, start, end)] = digest
+
+    def expected(self, shard: Shard, start: int, end: int) -> int:
+        """The digest of ``shard``'s bytes [start, end), which lie within one chunk: the whole
+        chunk, or a piece :meth:`cover` has digested."""
+        if _is_whole_chunk(shard, start, end):
+            return self.chunks[shard.path][start // CHUNK]
+        return self._pieces[(shard.path, start, end)]
+
+
+def shard_digests(shards: Iterable[Shard], seed: int = 0) -> ShardDigests:
+    """The digests of every chunk of ``shards`` (once per plan: it generates every byte)."""
+    return ShardDigests(shards, seed)
+
+
+def chunk_pieces(start: int, end: int) -> Iterator[tuple[int, int]]:
+    """[start, end) split where chunks begin."""
+    while start < end:
+        piece_end = min((start // CHUNK + 1) * CHUNK, end)
+        yield start, piece_end
+        start = piece_end
+
+
+def _is_whole_chunk(shard: Shard, start: int, end: int) -> bool:
+    return start % CHUNK == 0 and end == min(start + CHUNK, shard.size)
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -147,6 +201,22 @@ def _parts(shard: Shard, seed: int) -> Iterator[bytes]:
 # A reader yields (offset, bytes) for each read it makes, one at a time, so that measure()
 # checks each block before the next read and the number of reads is the number of requests.
 
+Block = bytes | memoryview
+
+
+class Reader(Protocol):
+    """Where :func:`measure` reads shards from."""
+
+    def sequential(self, shard: Shard, io_size: int) -> Iterator[tuple[int, Block]]:
+        """The whole shard in order, ``io_size`` bytes a read."""
+        ...
+
+    def at_offsets(
+        self, shard: Shard, offsets: Iterable[int], io_size: int
+    ) -> Iterator[tuple[int, Block]]:
+        """One read of ``io_size`` bytes (fewer at the end of the shard) at each offset."""
+        ...
+
 
 class DirReader:
     """Shards under a directory: tmpfs, or a FUSE mount of the same data."""
@@ -210,39 +280,51 @@ class S3Reader:
 # --- measuring -------------------------------------------------------------------------------
 
 
+def planned_reads(shard: Shard, pattern: str, io_size: int, stride: int) -> list[tuple[int, int]]:
+    """(offset, length) of every read a pattern makes of a shard, in order: ``sequential``
+    reads it whole, ``io_size`` at a time; ``strided`` reads ``io_size`` every ``stride``
+    bytes. Only the end of the shard cuts a read short."""
+    step = io_size if pattern == "sequential" else stride
+    return [(offset, min(io_size, shard.size - offset)) for offset in range(0, shard.size, step)]
+
+
 def measure(
-    reader: DirReader | S3Reader,
+    reader: Reader,
     shards: Sequence[Shard],
-    digests: dict[str, list[int]],
+    digests: ShardDigests,
     *,
     pattern: str,
     readers: int,
     io_size: int = CHUNK,
     stride: int = 8 * CHUNK,
 ) -> dict:
-    """Time ``readers`` threads reading the shards (thread t takes shards t, t + readers, ...):
-    ``sequential`` reads every shard whole in ``io_size`` reads, ``strided`` makes one
-    ``io_size`` read every ``stride`` bytes. Every block read is checked against ``digests``
-    (a wrong byte or a short read raises BenchmarkFailure). The clock runs from the moment a
-    barrier releases all threads together until the last one ends."""
+    """Time ``readers`` threads reading the shards (thread t takes shards t, t + readers, ...)
+    in the reads :func:`planned_reads` lists. Every block read is checked against ``digests``
+    (a wrong byte or a short read raises BenchmarkFailure, and stops the other threads). The
+    clock runs from the moment a barrier releases all threads together until the last one
+    ends. Returns pattern, readers, io_size, stride, bytes, seconds, mb_per_s and requests."""
     if pattern not in PATTERNS:
         raise ValueError(f"pattern must be one of {PATTERNS}, not {pattern!r}")
     if readers < 1:
         raise ValueError(f"need at least one reader, not {readers}")
-    for name, value in (("io_size", io_size), ("stride", stride)):
-        if value <= 0 or value % CHUNK:
-            raise ValueError(f"{name} must be a positive multiple of {CHUNK} (so every read is "
-                             f"checked chunk by chunk), not {value}")  # fmt: skip
+    if io_size <= 0 or stride <= 0:
+        raise ValueError(f"io_size and stride must be positive, not {io_size} and {stride}")
+    reads = {shard.path: planned_reads(shard, pattern, io_size, stride) for shard in shards}
+    for shard in shards:
+        digests.cover(shard, reads[shard.path])
+    failed = threading.Event()
 
     def read_one(shard: Shard) -> int:
         if pattern == "sequential":
             blocks = reader.sequential(shard, io_size)
         else:
-            blocks = reader.at_offsets(shard, range(0, shard.size, stride), io_size)
+            blocks = reader.at_offsets(shard, [offset for offset, _ in reads[shard.path]], io_size)
         requests = 0
         for offset, block in blocks:
-            verify_block(shard, offset, block, io_size, digests[shard.path])
+            verify_block(shard, offset, block, io_size, digests)
             requests += 1
+            if failed.is_set():
+                break
         return requests
 
     started: list[float] = []
@@ -255,9 +337,12 @@ def measure(
         try:
             barrier.wait()
             for shard in shards[thread_index::readers]:
+                if failed.is_set():
+                    break
                 requests[thread_index] += read_one(shard)
         except BaseException as error:  # re-raised in the calling thread below
             errors.append(error)
+            failed.set()
         finally:
             ends[thread_index] = time.perf_counter()
 
@@ -272,7 +357,8 @@ def measure(
     if errors:
         raise errors[0]
     seconds = max(ends) - started[0]
-    total = sum(_bytes_read(shard, pattern, io_size, stride) for shard in shards)
+    # Every read was checked to have exactly its planned length.
+    total = sum(length for shard_reads in reads.values() for _, length in shard_reads)
     return {
         "pattern": pattern,
         "readers": readers,
@@ -286,26 +372,20 @@ def measure(
 
 
 def verify_block(
-    shard: Shard, offset: int, block: bytes | memoryview, io_size: int, digests: list[int]
+    shard: Shard, offset: int, block: Block, io_size: int, digests: ShardDigests
 ) -> None:
-    """Check one read of ``io_size`` at a chunk-aligned ``offset``: its length (only the end of
-    the shard may cut it short) and the xxh3 of every chunk it covers."""
+    """Check one read of ``io_size`` at ``offset``: its length (only the end of the shard may
+    cut it short) and the xxh3 of every chunk, or piece of a chunk, it covers (``digests``
+    must have covered the read's pieces: :meth:`ShardDigests.cover`)."""
     expected = min(io_size, shard.size - offset)
     if len(block) != expected:
         raise BenchmarkFailure(
             f"{shard.path}: short read at offset {offset}: {len(block)} of {expected} bytes"
         )
-    for start in range(0, expected, CHUNK):
-        chunk = block[start : start + CHUNK]
-        if xxhash.xxh3_64_intdigest(chunk) != digests[(offset + start) // CHUNK]:
+    view = memoryview(block)  # pieces without copies
+    for start, end in chunk_pieces(offset, offset + expected):
+        piece = view[start - offset : end - offset]
+        if xxhash.xxh3_64_intdigest(piece) != digests.expected(shard, start, end):
             raise BenchmarkFailure(
-                f"{shard.path}: wrong bytes in the MiB at offset {offset + start}"
+                f"{shard.path}: wrong bytes in the {end - start} bytes at offset {start}"
             )
-
-
-def _bytes_read(shard: Shard, pattern: str, io_size: int, stride: int) -> int:
-    """What a pattern reads of a shard, from its size alone (every read was checked to have
-    exactly this length)."""
-    if pattern == "sequential":
-        return shard.size
-    return sum(min(io_size, shard.size - offset) for offset in range(0, shard.size, stride))

@@ -9,8 +9,9 @@ accounting and removal) and, within a source, all blocks of one shard are contig
 placement in the distributed cache). A changed etag gives new keys, so old bytes can never be
 served for a new object version.
 
-Implementations are *blocking* and thread-safe: the FUSE core calls ``locate`` and RAM-tier
-``read`` inline on the trio loop (they are microseconds), everything else from worker threads.
+Implementations are *blocking* and thread-safe: the FUSE core calls RAM-tier ``read`` (and
+``locate`` when that finds nothing) inline on the trio loop (they are microseconds), everything
+else from worker threads.
 """
 
 from __future__ import annotations
@@ -104,11 +105,17 @@ class BlockCache(Protocol):
         """Tier name holding the block ("ram"/"ssd"), or None. Index lookup only, no file I/O."""
         ...
 
-    def read(self, key: BlockKey, offset: int = 0, length: int = -1) -> bytes | None:
+    def read(
+        self, key: BlockKey, offset: int = 0, length: int = -1, *, tier: str | None = None
+    ) -> bytes | None:
         """Bytes ``[offset, offset+length)`` of a cached block (length -1 = to the end), or None
         if the block is not cached. A block that fails verification (size, or xxh3 checksum —
         always checked when the whole block is read, and on the first read of each block in this
-        process) is dropped, counted as corrupt, and None is returned: never wrong bytes."""
+        process) is dropped, counted as corrupt, and None is returned: never wrong bytes.
+
+        ``tier``: read the block only if that tier holds it; a block in another tier is None,
+        without file I/O. One index lookup for what would otherwise take two, ``locate`` and
+        ``read``: how the loop thread reads RAM-tier blocks inline."""
         ...
 
     def put(self, key: BlockKey, data: bytes) -> str | None:

@@ -12,7 +12,9 @@ dataset into one directory.
 
 The file id (from the index, unique per admission) makes every admission of a block write its
 own file, so removing a block deletes exactly the file that was removed from the index — never
-the file of a new admission of the same key that raced with the removal.
+the file of a new admission of the same key that raced with the removal. It also means a path is
+never reused within a process, which is what lets a tier keep read descriptors of its block
+files open (``open_files.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cachefs.cache.base import KEY_LEN
+from cachefs.cache.open_files import OpenBlockFile, OpenBlockFiles
 from cachefs.errors import ConfigError
 
 MARKER_NAME = ".cachefs-tier"
@@ -71,7 +74,7 @@ class Tier:
     ``used + pending`` — everything that may be on disk — never exceeds ``capacity``.
     """
 
-    def __init__(self, config: TierConfig, tier_id: int) -> None:
+    def __init__(self, config: TierConfig, tier_id: int, open_files_limit: int = 0) -> None:
         self.name = config.name
         self.capacity = config.capacity
         self.reserve = config.reserve
@@ -82,6 +85,7 @@ class Tier:
         self.reserved_used = 0
         self.blocks = 0
         self.pending = 0
+        self._open_files = OpenBlockFiles(open_files_limit)
 
     def free(self) -> int:
         return self.capacity - self.used - self.pending
@@ -115,8 +119,35 @@ class Tier:
             _unlink_if_present(tmp_path)
             raise
 
+    def open_block(self, raw: bytes, file_id: int) -> tuple[OpenBlockFile, os.stat_result]:
+        """An open descriptor of a block file for one read, and its ``fstat``; give it back
+        with :meth:`release_block`. Raises FileNotFoundError if the file is not there, or no
+        longer linked (removed behind the index's back, or by a removal racing with this open):
+        a kept descriptor would still read it."""
+        open_files = self._open_files
+        kept = open_files.acquire(file_id)
+        if kept is None:
+            fd = os.open(self.block_path(raw, file_id), os.O_RDONLY | os.O_CLOEXEC)
+            kept = open_files.add(file_id, fd)
+        stat = os.fstat(kept.fd)  # after add(): see open_files.py
+        if stat.st_nlink == 0:
+            open_files.forget(file_id)
+            open_files.release(kept)
+            raise FileNotFoundError(f"block file {file_id:x} of {raw.hex()} was removed")
+        return kept, stat
+
+    def release_block(self, kept: OpenBlockFile) -> None:
+        self._open_files.release(kept)
+
     def remove_block(self, raw: bytes, file_id: int) -> None:
+        """Delete a block's file. Unlink first, then close a kept descriptor of it: in that
+        order no descriptor of the removed file can stay open (see ``open_files.py``)."""
         _unlink_if_present(self.block_path(raw, file_id))
+        self._open_files.forget(file_id)
+
+    def close_files(self) -> None:
+        """Close the kept descriptors (the cache is closing)."""
+        self._open_files.close()
 
     # --- orphan sweep ---------------------------------------------------------------------------
 

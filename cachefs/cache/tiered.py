@@ -12,12 +12,17 @@ unlink the file before giving the room back.
 
 Locks: no LMDB call is made while holding ``self._lock`` or ``self._stamp_lock``, so they can
 never deadlock with LMDB's own writer lock.
+
+Reads keep the descriptors of recently read block files open (a bounded table per tier,
+``open_files.py``): a block read in many FUSE requests is opened once. Removing a block closes
+its descriptor, so the tmpfs memory of evicted blocks is freed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import threading
 from collections.abc import Collection
 
@@ -40,6 +45,9 @@ _MAKE_ROOM_ATTEMPTS = 3
 # evict_source removes in batches so that one huge dataset does not hold the write lock long.
 _REMOVE_BATCH = 4096
 _MAX_TIERS = 256  # tier ids are one byte in the index
+#: Block file descriptors kept open, all tiers together (at most a quarter of RLIMIT_NOFILE:
+#: sockets to the store and to peers, LMDB and /dev/fuse need the rest).
+OPEN_BLOCK_FILES = 256
 
 _VANISHED = object()  # read_entry: the file was not there
 _CORRUPT = object()  # read_entry: the file failed the size or checksum check
@@ -133,7 +141,7 @@ class TieredBlockCache:
                     tier_id = next(free_ids) if record is None else record.tier_id
                     record = TierRecord(tier_id, instance_id)
                     writer.register_tier(config.name, record)
-                tier = Tier(config, record.tier_id)
+                tier = Tier(config, record.tier_id, _open_files_per_tier(len(configs)))
                 tiers.append(tier)
                 if not known:
                     new_tiers.append(tier)
@@ -186,7 +194,9 @@ class TieredBlockCache:
     def contains(self, key: BlockKey) -> bool:
         return self.locate(key) is not None
 
-    def read(self, key: BlockKey, offset: int = 0, length: int = -1) -> bytes | None:
+    def read(
+        self, key: BlockKey, offset: int = 0, length: int = -1, *, tier: str | None = None
+    ) -> bytes | None:
         if offset < 0 or length < -1:
             raise ValueError(
                 f"block {key.hex}: bad read range offset={offset} length={length} "
@@ -194,11 +204,12 @@ class TieredBlockCache:
             )
         self._check_open()
         raw = key.raw
+        only_tier_id = None if tier is None else self._tier_id_of(tier)
         value = self._index.get(raw)
         # A file can vanish between the index lookup and open() because the block was evicted
         # (then the entry is gone too) or promoted (then the entry points at its new file).
         for _attempt in range(2):
-            if value is None:
+            if value is None or (only_tier_id is not None and value[0] != only_tier_id):
                 return None
             entry = Entry.unpack(value)
             result = self._read_entry(raw, entry, offset, length)
@@ -213,18 +224,24 @@ class TieredBlockCache:
                 return None
         return None
 
+    def _tier_id_of(self, name: str) -> int:
+        """The id of the tier named ``name``; -1 (no block's tier) if there is none."""
+        tier = self._tier_by_name.get(name)
+        return -1 if tier is None else tier.tier_id
+
     def _read_entry(self, raw: bytes, entry: Entry, offset: int, length: int) -> object:
         tier = self._tier_by_id[entry.tier_id]
         self._touch(raw)
         try:
-            fd = os.open(tier.block_path(raw, entry.file_id), os.O_RDONLY | os.O_CLOEXEC)
+            kept, stat = tier.open_block(raw, entry.file_id)
         except FileNotFoundError:
             return _VANISHED
+        fd = kept.fd
         size = entry.size
         end = size if length < 0 else min(size, offset + length)
         promotable = self._promote and tier is not self._tiers[0]
         try:
-            if os.fstat(fd).st_size != size:
+            if stat.st_size != size:
                 return _CORRUPT
             if (offset == 0 and end == size) or promotable or entry.file_id not in self._verified:
                 whole = _pread_exact(fd, size, 0)
@@ -237,7 +254,7 @@ class TieredBlockCache:
                 if result is None:
                     return _CORRUPT
         finally:
-            os.close(fd)
+            tier.release_block(kept)
         if promotable:
             self._promote_block(raw, entry, tier, whole)
         return result
@@ -643,6 +660,8 @@ class TieredBlockCache:
         self._flusher.join()
         self._flush_stamps()
         self._index.end_session()
+        for tier in self._tiers:
+            tier.close_files()
 
     def __enter__(self) -> TieredBlockCache:
         return self
@@ -667,6 +686,15 @@ def _validate(tiers: list[TierConfig], admission: str) -> None:
         duplicates = sorted({value for value in values if values.count(value) > 1})
         if duplicates:
             raise ConfigError(f"cache tiers must differ in {what}; repeated: {duplicates}")
+
+
+def _open_files_per_tier(tiers: int) -> int:
+    """Each tier's share of OPEN_BLOCK_FILES, within a quarter of the descriptor limit."""
+    total = OPEN_BLOCK_FILES
+    soft_limit, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft_limit != resource.RLIM_INFINITY:
+        total = min(total, soft_limit // 4)
+    return total // tiers
 
 
 def _pread_exact(fd: int, size: int, offset: int) -> bytes | None:

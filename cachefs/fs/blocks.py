@@ -6,7 +6,8 @@ This is the heart of the read path (DESIGN.md "Read path"):
                                  → object store (admitted here only when this node is the owner)
 
 * RAM-tier blocks are read inline on the trio loop: a pread from tmpfs costs microseconds, less
-  than a thread hop.
+  than a thread hop. A RAM-tier hit is one index lookup (``cache.read(..., tier="ram")``); only
+  when that finds nothing does ``locate`` look for the block in a slower tier.
 * SSD-tier reads, store GETs and admissions run in worker threads, each kind behind its own
   CapacityLimiter so a slow store cannot starve disk reads and vice versa.
 * Concurrent misses on one block share a single fetch ("single flight").
@@ -21,6 +22,10 @@ This is the heart of the read path (DESIGN.md "Read path"):
 * A small in-memory set of recently fetched blocks serves the rest of a block to sequential
   readers when the block could not be admitted (avoid-eviction with full tiers): without it, a
   4 MiB block read through in 128 KiB FUSE requests would be fetched 32 times.
+* Block read-ahead: a reader that moves from block i-1 to block i of a file (a sequential
+  reader of a large file: a TFRecord shard, a video) gets blocks i+1..i+N fetched in the
+  background, so a single stream has N+1 store requests in flight instead of one. Strided and
+  random readers never trigger it; small files have one block.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ from cachefs.peer.client import PeerClient
 from cachefs.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
+
+#: Block keys remembered by a BlockReader (~200 bytes each).
+BLOCK_KEYS_KEPT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +123,17 @@ class PeerRoute(Protocol):
         ...
 
 
+#: Files whose last read block the read-ahead remembers (enough for every open shard).
+LAST_BLOCK_SLOTS = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class ReadLimits:
     store_threads: int = 32  # concurrent object-store requests
     disk_threads: int = 8  # concurrent SSD-tier reads
     admit_threads: int = 4  # concurrent admissions (file writes + index commits)
     recent_bytes: int = 64 << 20  # read-through buffer
+    readahead_blocks: int = 4  # blocks fetched ahead of a sequential reader (0: off)
 
 
 class BlockReader:
@@ -142,6 +155,14 @@ class BlockReader:
         self._admit_limiter = trio.CapacityLimiter(limits.admit_threads)
         self._recent = _RecentBlocks(limits.recent_bytes)
         self._flights: dict[bytes, _Flight] = {}
+        self._readahead_blocks = limits.readahead_blocks
+        # (source id, object key) -> the block its last read ended in; bounded, oldest dropped.
+        self._last_block: OrderedDict[tuple[int, str], int] = OrderedDict()
+        # Read-ahead fetches run here, in the nursery of serve_readahead (None: not running).
+        self._background: trio.Nursery | None = None
+        # (source id, object key, etag, index) -> its BlockKey: a block read in many requests
+        # (128 KiB each, 32 per 4 MiB block) hashes its key once. Cleared when full.
+        self._block_keys: dict[tuple[int, str, str, int], BlockKey] = {}
         # dataset -> time.time() of its last read here, by a local reader or a peer (what the
         # coordinator's idle-copy cleanup looks at). One dict store per read request.
         self.last_read_at: dict[str, float] = {}
@@ -154,6 +175,7 @@ class BlockReader:
             return b""
         block_size = source.block_size
         first, last = offset // block_size, (end - 1) // block_size
+        self._note_sequential(source, file, first, last)
         if first == last:
             start = first * block_size
             return await self._read_block(source, file, first, offset - start, end - offset)
@@ -164,24 +186,79 @@ class BlockReader:
             parts.append(await self._read_block(source, file, index, lo - start, hi - lo))
         return b"".join(parts)
 
+    def _block_key(self, source: DataSource, file: FileVersion, index: int) -> BlockKey:
+        identity = (source.source_id, file.key, file.etag, index)
+        key = self._block_keys.get(identity)
+        if key is None:
+            if len(self._block_keys) >= BLOCK_KEYS_KEPT:
+                self._block_keys.clear()
+            key = self._block_keys[identity] = BlockKey.make(*identity)
+        return key
+
+    async def serve_readahead(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run read-ahead fetches until cancelled (the worker starts this in its nursery)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._background = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._background = None
+
+    def _note_sequential(self, source: DataSource, file: FileVersion, first: int, last: int):
+        """Remember where this read ended; if it moved on from the block the previous read of
+        the file ended in, start fetching the next blocks (once per block transition)."""
+        slot = (source.source_id, file.key)
+        previous = self._last_block.pop(slot, None)
+        self._last_block[slot] = last
+        if len(self._last_block) > LAST_BLOCK_SLOTS:
+            self._last_block.popitem(last=False)
+        moved_on = previous is not None and previous <= first <= previous + 1 < last + 1
+        if self._background is None or not moved_on:
+            return
+        final = (file.size - 1) // source.block_size
+        for index in range(last + 1, min(last + self._readahead_blocks, final) + 1):
+            key = BlockKey.make(source.source_id, file.key, file.etag, index)
+            if key.raw in self._flights or self._recent.get(key.raw) is not None:
+                continue
+            if self.cache.locate(key) is not None:
+                continue
+            self._background.start_soon(self._read_ahead, source, file, index, key)
+
+    async def _read_ahead(
+        self, source: DataSource, file: FileVersion, index: int, key: BlockKey
+    ) -> None:
+        """One block fetched ahead of a reader: as a miss would fetch it (owner, fill source,
+        store; admitted where a miss would admit it). A failure is only logged: the reader's
+        own read of the block will meet it, or succeed on retry."""
+        owner = self.route.owner_address(source.dataset, key.shard) if self.route else None
+        try:
+            await self._fetch(source, file, index, key, peer=owner)
+        except CachefsError as exc:
+            log.debug("read-ahead of block %d of %s failed: %s", index, file.key, exc)
+            return
+        self.metrics.readahead_blocks += 1
+
     async def _read_block(
         self, source: DataSource, file: FileVersion, index: int, offset: int, length: int
     ) -> bytes:
-        key = BlockKey.make(source.source_id, file.key, file.etag, index)
+        key = self._block_key(source, file, index)
         metrics = self.metrics
-        tier = self.cache.locate(key)
+        data = self.cache.read(key, offset, length, tier="ram")
+        if data is not None:
+            metrics.hits["ram"] += 1
+            metrics.bytes_served["ram"] += len(data)
+            return data
+        tier = self.cache.locate(key)  # not in RAM: in a slower tier?
         if tier is not None:
-            if tier == "ram":
-                data = self.cache.read(key, offset, length)
-            else:
-                data = await trio.to_thread.run_sync(
-                    self.cache.read, key, offset, length, limiter=self._disk_limiter
-                )
+            data = await trio.to_thread.run_sync(
+                self.cache.read, key, offset, length, limiter=self._disk_limiter
+            )
             if data is not None:
                 metrics.hits[tier] += 1
                 metrics.bytes_served[tier] += len(data)
                 return data
-            # The block vanished or failed verification: it was dropped; fetch it again.
+        # Not cached, or the block vanished or failed verification (then it was dropped).
         recent = self._recent.get(key.raw)
         if recent is not None:
             metrics.hits["recent"] += 1
@@ -204,7 +281,7 @@ class BlockReader:
         never forwarded again), and this node does not admit the block until its own view
         says it owns the shard — the hand-off or fill copies it then."""
         self.last_read_at[source.dataset] = time.time()
-        key = BlockKey.make(source.source_id, file.key, file.etag, index)
+        key = self._block_key(source, file, index)
         data = await self._read_whole_cached(key)
         if data is None:
             holder = self.route.owner_address(source.dataset, key.shard) if self.route else None
@@ -219,19 +296,15 @@ class BlockReader:
         cached-only request: never the store, never another node). Not counted as a read of
         the dataset: it is a copy being filled, not a job reading, and counting it would keep
         the copy it is cloned from looking busy."""
-        data = await self._read_whole_cached(
-            BlockKey.make(source.source_id, file.key, file.etag, index)
-        )
+        data = await self._read_whole_cached(self._block_key(source, file, index))
         if data is not None:
             self.metrics.peer_served += 1
         return data
 
     async def _read_whole_cached(self, key: BlockKey) -> bytes | None:
-        tier = self.cache.locate(key)
-        if tier is None:
-            return None
-        if tier == "ram":
-            return self.cache.read(key)
+        data = self.cache.read(key, tier="ram")
+        if data is not None or self.cache.locate(key) is None:
+            return data
         return await trio.to_thread.run_sync(self.cache.read, key, limiter=self._disk_limiter)
 
     async def _fetch(

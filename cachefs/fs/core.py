@@ -28,6 +28,8 @@ MOUNT_ROOT = 1
 SLOT_SHIFT = 48
 LOCAL_MASK = (1 << SLOT_SHIFT) - 1
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+#: Files whose version no-open reads remember (see FileSystem._versions); ~300 bytes each.
+VERSIONS_KEPT = 8192
 
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
@@ -73,6 +75,12 @@ class FileSystem:
         self._open: dict[int, _OpenFile] = {}
         self._next_fh = 1
         self._root_mtime_ns = time.time_ns()
+        # No-open mode: global inode -> (source, version) of files recently looked up or read,
+        # so that a READ does not decode the snapshot entry again (the kernel sends a LOOKUP,
+        # then the READs of the file). Emptied whenever a snapshot or the set of datasets
+        # changes — a refresh gives a changed file a new version under the same inode — and
+        # when full (entries are only worth keeping for the few moments a file is being read).
+        self._versions: dict[int, tuple[DataSource, FileVersion]] = {}
 
     # --- datasets ----------------------------------------------------------------------------
 
@@ -81,12 +89,14 @@ class FileSystem:
             raise ValueError(f"dataset slot {dataset.slot} out of range")
         self._by_name[dataset.name.encode()] = dataset
         self._by_slot[dataset.slot] = dataset
+        self._versions.clear()
         self._root_mtime_ns = time.time_ns()
 
     def remove_dataset(self, name: str) -> MountedDataset | None:
         dataset = self._by_name.pop(name.encode(), None)
         if dataset is not None:
             del self._by_slot[dataset.slot]
+            self._versions.clear()
             self._root_mtime_ns = time.time_ns()
         return dataset
 
@@ -102,6 +112,7 @@ class FileSystem:
         old = dataset.snapshot
         dataset.snapshot = snapshot
         dataset.source = source
+        self._versions.clear()
         return old
 
     def global_ino(self, dataset: MountedDataset, local_ino: int) -> int:
@@ -138,6 +149,8 @@ class FileSystem:
             entry = dataset.snapshot.lookup(parent & LOCAL_MASK, name)
         if entry is None:
             raise PathNotFound(f"{name!r} not found")
+        if not entry.is_dir:  # its READs follow (no-open mode): keep what they need
+            self._remember_version(dataset, entry)
         return self._attr(dataset, entry)
 
     def getattr(self, ino: int) -> Attr:
@@ -203,11 +216,24 @@ class FileSystem:
 
     async def read_inode(self, ino: int, offset: int, size: int) -> bytes:
         """Read by inode, for FUSE's no-open mode (the kernel sends no OPEN, so there is no
-        handle). The file's version is looked up per read: after a refresh the kernel's cached
-        pages of changed inodes are invalidated, so old and new bytes are never mixed."""
-        dataset, entry = self._file_entry(ino)
-        version = FileVersion(entry.key, entry.etag, entry.size)
-        return await self.reader.read(dataset.source, version, offset, size)
+        handle). The file's version is that of the snapshot served now (remembered, but
+        forgotten whenever a snapshot is swapped): after a refresh the kernel's cached pages of
+        changed inodes are invalidated, so old and new bytes are never mixed."""
+        remembered = self._versions.get(ino)
+        if remembered is None:
+            dataset, entry = self._file_entry(ino)
+            remembered = self._remember_version(dataset, entry)
+        source, version = remembered
+        return await self.reader.read(source, version, offset, size)
+
+    def _remember_version(
+        self, dataset: MountedDataset, entry: Entry
+    ) -> tuple[DataSource, FileVersion]:
+        if len(self._versions) >= VERSIONS_KEPT:
+            self._versions.clear()
+        remembered = dataset.source, FileVersion(entry.key, entry.etag, entry.size)
+        self._versions[dataset.slot << SLOT_SHIFT | entry.ino] = remembered
+        return remembered
 
     async def serve_peer_block(self, request: BlockRequest) -> bytes:
         """A whole block another node asked this node for (the peer server's ``serve_block``).

@@ -2,7 +2,8 @@
 
 The FUSE core calls these inline on the trio loop and from worker threads, so every call is
 one short read transaction doing O(log n + result) work, and nothing of the namespace is kept in
-Python. A snapshot is immutable once built; that is what makes the choices below safe:
+Python but a bounded table of recent ``lookup`` answers. A snapshot is immutable once built;
+that is what makes the choices below safe:
 
 * ``lock=False``: LMDB's lock file exists to keep readers and a writer apart. A finished
   snapshot never has a writer, so readers need no reader-table slot: no shared mutex per
@@ -17,6 +18,8 @@ Python. A snapshot is immutable once built; that is what makes the choices below
   ``readdir`` iterator until it is exhausted or discarded), and CPython closes the environment
   when the last reference goes. LMDB releases the GIL inside its C calls, so an eager close
   could otherwise unmap memory another thread is reading.
+* ``lookup`` answers (the decoded entry, or None) are remembered by (parent, name) with no
+  invalidation: they cannot change. The table is emptied when full and on ``close()``.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ from cachefs.meta.records import (
 _READDIR_FIRST_CHUNK = 32
 _READDIR_MAX_CHUNK = 1024
 _MAX_KEY_INO = (1 << 64) - 1
+#: ``lookup`` answers a Snapshot remembers (~400 bytes each).
+LOOKUPS_KEPT = 4096
+_NOT_KEPT = object()
 
 
 class SnapshotError(CachefsError):
@@ -91,6 +97,9 @@ class Snapshot:
         self.path = path
         self.stats = stats
         self._next_ino = next_ino  # refreshes allocate new inodes from here
+        # (parent, name) -> entry or None. Plain dict operations are atomic under the GIL, so
+        # the loop thread and worker threads share it without a lock.
+        self._lookups: dict[tuple[int, bytes], Entry | None] = {}
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Snapshot:
@@ -106,6 +115,7 @@ class Snapshot:
         """Stop serving from this snapshot. Calls already running (and readdir iterators already
         handed out) finish normally; later calls raise SnapshotError."""
         self._env = None
+        self._lookups = {}
 
     def getattr(self, ino: int) -> Entry | None:
         if not 0 < ino <= _MAX_KEY_INO:
@@ -117,8 +127,18 @@ class Snapshot:
     def lookup(self, parent: int, name: bytes) -> Entry | None:
         if not 0 < parent <= _MAX_KEY_INO or not 0 < len(name) <= MAX_NAME_BYTES:
             return None
-        with self._live_env().begin(db=self._inodes) as txn:
-            return self._lookup_in(txn, INO.pack(parent), name)
+        env = self._live_env()
+        question = (parent, name)
+        entry = self._lookups.get(question, _NOT_KEPT)
+        if entry is not _NOT_KEPT:
+            return entry
+        with env.begin(db=self._inodes) as txn:
+            entry = self._lookup_in(txn, INO.pack(parent), name)
+        lookups = self._lookups
+        if len(lookups) >= LOOKUPS_KEPT:
+            lookups.clear()
+        lookups[question] = entry
+        return entry
 
     def resolve(self, path: str) -> Entry | None:
         """The entry at ``path`` relative to the root ("" is the root, no leading slash)."""

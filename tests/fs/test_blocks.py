@@ -109,3 +109,44 @@ async def test_changed_source_file_is_an_error_not_new_bytes(world, tmp_path):
     os.utime(path, ns=(1, 1))
     with pytest.raises(Exception, match=r"(?i)changed|etag"):
         await reader.read(source, version, 2 * BLOCK, 10)
+
+
+async def read_in_steps(reader, source, version, offsets, step):
+    return b"".join([await reader.read(source, version, o, step) for o in offsets])
+
+
+async def test_a_sequential_reader_gets_the_next_blocks_fetched_ahead(world):
+    """Reading on from block 0 into block 1 starts fetches of blocks 2..5 in the background:
+    the reader then finds them cached or in flight, each block is fetched once, and the
+    bytes are the file's."""
+    reader, source, version, data, store, metrics = world
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reader.serve_readahead)
+        step = BLOCK // 4
+        got = await read_in_steps(reader, source, version, range(0, 2 * BLOCK, step), step)
+        await trio.sleep(0.5)  # the read-ahead fetches (0.2 s each, in parallel) finish
+        assert store.gets == 6  # blocks 0 and 1 on demand, 2..5 ahead: every block once
+        assert metrics.readahead_blocks == 4
+        got += await read_in_steps(reader, source, version, range(2 * BLOCK, len(data), step), step)
+        nursery.cancel_scope.cancel()
+    assert got == data
+    assert store.gets == 6 and metrics.misses == 2
+
+
+async def test_strided_readers_and_a_reader_without_the_service_get_no_read_ahead(world):
+    reader, source, version, data, store, metrics = world
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reader.serve_readahead)
+        for index in (0, 2, 4):  # every other block: not sequential
+            assert (
+                await reader.read(source, version, index * BLOCK, 100)
+                == data[index * BLOCK : index * BLOCK + 100]
+            )
+        await trio.sleep(0.3)
+        nursery.cancel_scope.cancel()
+    assert store.gets == 3 and metrics.readahead_blocks == 0
+    # serve_readahead is not running: a sequential read fetches only what it reads.
+    assert await reader.read(source, version, BLOCK, 2 * BLOCK) == data[BLOCK : 3 * BLOCK]
+    assert await reader.read(source, version, 3 * BLOCK, 10) == data[3 * BLOCK : 3 * BLOCK + 10]
+    await trio.sleep(0.3)
+    assert store.gets == 5 and metrics.readahead_blocks == 0

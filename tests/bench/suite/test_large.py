@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import xxhash
 
 from bench.read_bench import BenchmarkFailure
 from bench.suite import large
-from bench.suite.large import CHUNK, DirReader, S3Reader, Shard
+from bench.suite.large import CHUNK, DirReader, S3Reader, Shard, ShardDigests
 
 MiB = 1 << 20
 MIN_SIZE = 2 * MiB
@@ -22,7 +23,7 @@ def shards() -> list[Shard]:
 
 
 @pytest.fixture(scope="module")
-def digests(shards) -> dict[str, list[int]]:
+def digests(shards) -> ShardDigests:
     return large.shard_digests(shards, seed=1)
 
 
@@ -36,12 +37,20 @@ def shard_bytes(shard: Shard, seed: int = 1) -> bytes:
     return b"".join(large.shard_chunks(shard, seed))
 
 
-def expected_reads(shards, pattern: str, io_size: int) -> tuple[int, int]:
+def expected_reads(shards, pattern: str, io_size: int, stride: int = STRIDE) -> tuple[int, int]:
     """(bytes, requests) of a pattern, from the shard sizes alone."""
     if pattern == "sequential":
         return sum(s.size for s in shards), sum(-(-s.size // io_size) for s in shards)
-    offsets = [(s, offset) for s in shards for offset in range(0, s.size, STRIDE)]
+    offsets = [(s, offset) for s in shards for offset in range(0, s.size, stride)]
     return sum(min(io_size, s.size - offset) for s, offset in offsets), len(offsets)
+
+
+def flip_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0xFF]))
 
 
 def test_plan_is_deterministic_and_spans_min_to_max():
@@ -61,6 +70,13 @@ def test_plan_is_deterministic_and_spans_min_to_max():
     ]
     with pytest.raises(ValueError):
         large.plan_shards(2, min_size=MAX_SIZE, max_size=MIN_SIZE)
+
+
+def test_plan_defaults_to_tfrecord_sized_shards():
+    plan = large.plan_shards(8)
+    assert plan[0].path == "shards/train-00000-of-00008.tfrecord"
+    assert (plan[0].size, plan[-1].size) == (64 * MiB, 256 * MiB)
+    assert all(64 * MiB <= s.size <= 256 * MiB for s in plan)
 
 
 def test_chunks_are_deterministic_and_the_last_one_is_short():
@@ -87,18 +103,40 @@ def test_write_local_writes_the_chunks_once(tmp_path, shards):
     assert large.write_local(root, shards, seed=1) == 0  # complete shards are kept
 
 
+def test_pieces_of_chunks_are_digested_from_the_generated_bytes(shards, digests):
+    shard = shards[-1]  # its last chunk is 8192 bytes
+    data = shard_bytes(shard)
+    reads = [(MiB - 10, 30), (5 * MiB, 8192), (5 * MiB + 100, 50)]
+    digests.cover(shard, reads)
+    for start, end in [(MiB - 10, MiB), (MiB, MiB + 20), (5 * MiB + 100, 5 * MiB + 150)]:
+        assert digests.expected(shard, start, end) == xxhash.xxh3_64_intdigest(data[start:end])
+    assert digests.expected(shard, 5 * MiB, 5 * MiB + 8192) == xxhash.xxh3_64_intdigest(
+        data[5 * MiB :]
+    )  # the whole (short) last chunk: from the chunk digests
+    assert list(large.chunk_pieces(MiB - 10, 3 * MiB + 5)) == [
+        (MiB - 10, MiB), (MiB, 2 * MiB), (2 * MiB, 3 * MiB), (3 * MiB, 3 * MiB + 5)
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("readers", [1, 2])
 @pytest.mark.parametrize(
-    ("pattern", "io_size"), [("sequential", CHUNK), ("sequential", 2 * MiB), ("strided", CHUNK)]
+    ("pattern", "io_size", "stride"),
+    [
+        ("sequential", CHUNK, STRIDE),
+        ("sequential", 2 * MiB, STRIDE),
+        ("sequential", 3 * MiB // 2 + 1, STRIDE),  # reads that cut chunks
+        ("strided", CHUNK, STRIDE),
+        ("strided", 300_000, 3 * MiB // 2),
+    ],
 )
 def test_dir_reader_reads_exactly_the_planned_bytes(
-    local_root, shards, digests, pattern, io_size, readers
+    local_root, shards, digests, pattern, io_size, stride, readers
 ):
     result = large.measure(
         DirReader(local_root), shards, digests,
-        pattern=pattern, readers=readers, io_size=io_size, stride=STRIDE,
+        pattern=pattern, readers=readers, io_size=io_size, stride=stride,
     )  # fmt: skip
-    expected_bytes, expected_requests = expected_reads(shards, pattern, io_size)
+    expected_bytes, expected_requests = expected_reads(shards, pattern, io_size, stride)
     assert (result["bytes"], result["requests"]) == (expected_bytes, expected_requests)
     assert (result["pattern"], result["readers"], result["io_size"]) == (pattern, readers, io_size)
     assert result["seconds"] > 0
@@ -108,16 +146,23 @@ def test_dir_reader_reads_exactly_the_planned_bytes(
 @pytest.mark.parametrize("pattern", ["sequential", "strided"])
 def test_a_flipped_byte_on_disk_fails_naming_shard_and_offset(local_root, shards, digests, pattern):
     damaged = shards[1]
-    offset = 2 * MiB + 12345  # inside the chunk at 2 MiB, which both patterns read
-    with open(os.path.join(local_root, damaged.path), "r+b") as file:
-        file.seek(offset)
-        byte = file.read(1)
-        file.seek(offset)
-        file.write(bytes([byte[0] ^ 0xFF]))
+    flip_byte(os.path.join(local_root, damaged.path), 2 * MiB + 12345)  # both patterns read it
     with pytest.raises(BenchmarkFailure, match=rf"{damaged.path}.* offset {2 * MiB}\b"):
         large.measure(
             DirReader(local_root), shards, digests, pattern=pattern, readers=2, stride=STRIDE
         )
+
+
+def test_a_flipped_byte_in_a_piece_of_a_chunk_fails(local_root, shards, digests):
+    damaged = shards[0]
+    flip_byte(os.path.join(local_root, damaged.path), MiB + 5)
+    io_size = MiB + 1000  # the second read starts 1000 bytes into the chunk at 1 MiB
+    with pytest.raises(BenchmarkFailure, match=rf"{damaged.path}: wrong bytes in the 1000 bytes "
+                       rf"at offset {MiB}\b"):  # fmt: skip
+        large.measure(
+            DirReader(local_root), shards, digests,
+            pattern="sequential", readers=1, io_size=io_size,
+        )  # fmt: skip
 
 
 def test_a_truncated_shard_fails(local_root, shards, digests):
@@ -129,7 +174,7 @@ def test_a_truncated_shard_fails(local_root, shards, digests):
 def test_short_and_wrong_blocks_are_caught():
     shard = Shard(0, "shards/s", 2 * MiB + 10)
     blocks = [large.shard_chunk(shard, index) for index in range(3)]
-    digests = large.shard_digests([shard])[shard.path]
+    digests = large.shard_digests([shard])
     large.verify_block(shard, 2 * MiB, blocks[2], CHUNK, digests)  # the short last chunk is fine
     with pytest.raises(BenchmarkFailure, match=r"short read at offset 0: 2097151 of 2097152 bytes"):
         large.verify_block(shard, 0, (blocks[0] + blocks[1])[:-1], 2 * MiB, digests)
@@ -149,7 +194,11 @@ def test_s3_upload_and_ranged_reads(moto_s3, shards, digests, monkeypatch):
         '-2"'
     )  # a multipart object of two parts
     reader = S3Reader(client, bucket, "large/")
-    for pattern, io_size in (("sequential", 2 * MiB), ("strided", CHUNK)):
+    for pattern, io_size in (
+        ("sequential", 2 * MiB),
+        ("sequential", 3_000_000),
+        ("strided", CHUNK),
+    ):
         result = large.measure(
             reader, shards, digests, pattern=pattern, readers=2, io_size=io_size, stride=STRIDE
         )
@@ -168,9 +217,8 @@ def test_s3_reader_fails_on_other_bytes(moto_s3, shards, digests):
 @pytest.mark.parametrize(
     "arguments",
     [
-        {"io_size": CHUNK + 4096},
         {"io_size": 0},
-        {"stride": 3 * MiB // 2},
+        {"stride": -MiB},
         {"pattern": "random"},
         {"readers": 0},
     ],
