@@ -152,7 +152,9 @@ def _small_section(results: dict) -> list[str]:
         f"median {s['median'] / 1e3:.0f} KB, in class directories; one shuffled order; each "
         f"reader takes every N-th file (open, read to the end, close). Cold passes read a "
         f"shuffled subset of {small['cold_files']:,} files (every read goes to the store); the "
-        "others read every file. Warm passes re-read everything right before the timed run. "
+        "others read every file, except s3fs and rclone, whose warm passes read the same subset "
+        "(s3fs sends a HEAD to the store on every open, so a full warm pass takes many minutes). "
+        "Warm passes re-read their files right before the timed run. "
         "Lengths of all files and the sha256 of 200 files are checked in every run. "
         "`store GETs` = object GETs the proxy forwarded during the kept run.",
         "",
