@@ -478,6 +478,15 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def read_log_tail(path: str, chars: int = 4000) -> str:
+    """The last ``chars`` characters of a child's log ("" before it exists)."""
+    try:
+        with open(path, errors="replace") as log:
+            return log.read()[-chars:]
+    except FileNotFoundError:
+        return ""
+
+
 class Child:
     """A subprocess in its own session (a Ctrl-C reaches the bench first, which stops it)."""
 
@@ -497,11 +506,7 @@ class Child:
         return self.process.poll() is None
 
     def log_tail(self, chars: int = 4000) -> str:
-        try:
-            with open(self.log_path, errors="replace") as log:
-                return log.read()[-chars:]
-        except FileNotFoundError:
-            return ""
+        return read_log_tail(self.log_path, chars)
 
     def terminate(self, timeout: float = 15.0) -> None:
         """SIGTERM, then SIGKILL of its process group (its own children: fetcher processes)."""

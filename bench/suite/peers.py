@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from bench.cluster_bench import Child
+from bench.cluster_bench import Child, read_log_tail
 from bench.read_bench import MOTO_ENV, BenchmarkFailure
 
 #: How long start() waits for the mount to appear and its root to list.
@@ -225,11 +225,7 @@ class PeerMount:
         return f"{problem} (waited {MOUNT_TIMEOUT_S:.0f}s)"
 
     def log_tail(self, chars: int = 4000) -> str:
-        try:
-            with open(self.log_path, errors="replace") as log:
-                return log.read()[-chars:]
-        except FileNotFoundError:
-            return ""
+        return read_log_tail(self.log_path, chars)
 
     def drop_cache(self) -> None:
         """Make the next reads cold: unmount, empty the disk cache, mount again (the in-memory

@@ -218,7 +218,7 @@ class BlockReader:
             return
         final = (file.size - 1) // source.block_size
         for index in range(last + 1, min(last + self._readahead_blocks, final) + 1):
-            key = BlockKey.make(source.source_id, file.key, file.etag, index)
+            key = self._block_key(source, file, index)
             if key.raw in self._flights or self._recent.get(key.raw) is not None:
                 continue
             if self.cache.locate(key) is not None:
