@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cachefs.cache.base import KEY_LEN
-from cachefs.cache.open_files import OpenBlockFile, OpenBlockFiles
+from cachefs.cache.open_files import OpenBlockFiles
 from cachefs.errors import ConfigError
 
 MARKER_NAME = ".cachefs-tier"
@@ -85,7 +85,8 @@ class Tier:
         self.reserved_used = 0
         self.blocks = 0
         self.pending = 0
-        self._open_files = OpenBlockFiles(open_files_limit)
+        # Descriptors of recently read block files: reads open and release them here.
+        self.open_files = OpenBlockFiles(open_files_limit, self.block_path)
 
     def free(self) -> int:
         return self.capacity - self.used - self.pending
@@ -119,35 +120,11 @@ class Tier:
             _unlink_if_present(tmp_path)
             raise
 
-    def open_block(self, raw: bytes, file_id: int) -> tuple[OpenBlockFile, os.stat_result]:
-        """An open descriptor of a block file for one read, and its ``fstat``; give it back
-        with :meth:`release_block`. Raises FileNotFoundError if the file is not there, or no
-        longer linked (removed behind the index's back, or by a removal racing with this open):
-        a kept descriptor would still read it."""
-        open_files = self._open_files
-        kept = open_files.acquire(file_id)
-        if kept is None:
-            fd = os.open(self.block_path(raw, file_id), os.O_RDONLY | os.O_CLOEXEC)
-            kept = open_files.add(file_id, fd)
-        stat = os.fstat(kept.fd)  # after add(): see open_files.py
-        if stat.st_nlink == 0:
-            open_files.forget(file_id)
-            open_files.release(kept)
-            raise FileNotFoundError(f"block file {file_id:x} of {raw.hex()} was removed")
-        return kept, stat
-
-    def release_block(self, kept: OpenBlockFile) -> None:
-        self._open_files.release(kept)
-
     def remove_block(self, raw: bytes, file_id: int) -> None:
         """Delete a block's file. Unlink first, then close a kept descriptor of it: in that
         order no descriptor of the removed file can stay open (see ``open_files.py``)."""
         _unlink_if_present(self.block_path(raw, file_id))
-        self._open_files.forget(file_id)
-
-    def close_files(self) -> None:
-        """Close the kept descriptors (the cache is closing)."""
-        self._open_files.close()
+        self.open_files.forget(file_id)
 
     # --- orphan sweep ---------------------------------------------------------------------------
 

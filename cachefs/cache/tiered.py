@@ -14,8 +14,8 @@ Locks: no LMDB call is made while holding ``self._lock`` or ``self._stamp_lock``
 never deadlock with LMDB's own writer lock.
 
 Reads keep the descriptors of recently read block files open (a bounded table per tier,
-``open_files.py``): a block read in many FUSE requests is opened once. Removing a block closes
-its descriptor, so the tmpfs memory of evicted blocks is freed.
+``open_files.py``): a block read in many FUSE requests is opened twice, not once per request.
+Removing a block closes its descriptor, so the tmpfs memory of evicted blocks is freed.
 """
 
 from __future__ import annotations
@@ -232,11 +232,11 @@ class TieredBlockCache:
     def _read_entry(self, raw: bytes, entry: Entry, offset: int, length: int) -> object:
         tier = self._tier_by_id[entry.tier_id]
         self._touch(raw)
+        open_files = tier.open_files
         try:
-            kept, stat = tier.open_block(raw, entry.file_id)
+            fd, stat, kept = open_files.open(raw, entry.file_id)
         except FileNotFoundError:
             return _VANISHED
-        fd = kept.fd
         size = entry.size
         end = size if length < 0 else min(size, offset + length)
         promotable = self._promote and tier is not self._tiers[0]
@@ -254,7 +254,7 @@ class TieredBlockCache:
                 if result is None:
                     return _CORRUPT
         finally:
-            tier.release_block(kept)
+            open_files.release(fd, kept)
         if promotable:
             self._promote_block(raw, entry, tier, whole)
         return result
@@ -661,7 +661,7 @@ class TieredBlockCache:
         self._flush_stamps()
         self._index.end_session()
         for tier in self._tiers:
-            tier.close_files()
+            tier.open_files.close()
 
     def __enter__(self) -> TieredBlockCache:
         return self

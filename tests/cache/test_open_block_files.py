@@ -1,6 +1,6 @@
-"""Kept block-file descriptors: reads reuse them, every way a block leaves the cache closes them
-(so tmpfs frees the memory of removed blocks), the table stays bounded, and damage on disk is
-still caught through a kept descriptor.
+"""Kept block-file descriptors: a block read again soon keeps its file open, every way a block
+leaves the cache closes it (so tmpfs frees the memory of removed blocks), the table stays
+bounded, and damage on disk is still caught through a kept descriptor.
 
 What is open is read from /proc/self/fd: a descriptor of an unlinked file shows as
 "<path> (deleted)", which is exactly the memory that would never be freed."""
@@ -13,10 +13,9 @@ import threading
 
 import pytest
 
-import cachefs.cache.tier as tier_module
+import cachefs.cache.open_files as open_files_module
 import cachefs.cache.tiered as tiered_module
 from cachefs.cache.open_files import OpenBlockFiles
-from cachefs.cache.tier import Tier, TierConfig, prepare_directory
 from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_bytes, key
 
 
@@ -38,76 +37,111 @@ def deleted(targets: list[str]) -> list[str]:
     return [target for target in targets if target.endswith(" (deleted)")]
 
 
-def write_file(path, data: bytes) -> int:
-    """Write ``data`` to ``path`` and return a read descriptor of it."""
-    path.write_bytes(data)
-    return os.open(path, os.O_RDONLY)
+def table(directory, limit: int) -> OpenBlockFiles:
+    """A table over files named by their file id in ``directory`` (1, 2, ...)."""
+    return OpenBlockFiles(limit, lambda raw, file_id: str(directory / str(file_id)))
+
+
+def read_file(files: OpenBlockFiles, file_id: int) -> bytes:
+    """One read of a whole file through the table."""
+    fd, stat, kept = files.open(b"", file_id)
+    try:
+        return os.pread(fd, stat.st_size, 0)
+    finally:
+        files.release(fd, kept)
+
+
+class OsWithOpenHook:
+    """``os`` for the module under test, running ``hook(path)`` right after each open()."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def open(self, path, flags):
+        fd = os.open(path, flags)
+        self.hook(path)
+        return fd
 
 
 # --- the table on its own -----------------------------------------------------------------------
 
 
-def test_a_kept_file_is_reused_and_the_least_recently_used_is_closed_beyond_the_limit(tmp_path):
-    files = OpenBlockFiles(limit=2)
-    for file_id in (1, 2, 3):
-        assert files.acquire(file_id) is None
-        files.release(files.add(file_id, write_file(tmp_path / str(file_id), bytes([file_id]))))
-        if file_id == 2:
-            files.release(files.acquire(1))  # 1 is now more recent than 2
+def test_a_file_read_again_soon_is_kept_and_the_least_recent_leaves_beyond_the_limit(tmp_path):
+    files = table(tmp_path, limit=2)
+    for file_id in range(1, 9):
+        (tmp_path / str(file_id)).write_bytes(bytes([file_id]))
+    for file_id in (1, 2, 3, 4, 5, 6, 7, 1):  # 1 again, but 6 other files later
+        assert read_file(files, file_id) == bytes([file_id])
+    assert len(files) == 0 and open_fds_under(tmp_path) == []  # a scan keeps nothing
+    for file_id in (1, 2, 1, 2, 1, 3, 3):  # 1 is now more recent than 2, which 3 pushes out
+        assert read_file(files, file_id) == bytes([file_id])
     assert len(files) == 2
-    assert files.acquire(2) is None  # pushed out, and closed
     assert sorted(open_fds_under(tmp_path)) == [str(tmp_path / "1"), str(tmp_path / "3")]
-    kept = files.acquire(3)
-    assert os.pread(kept.fd, 1, 0) == b"\x03"
-    files.release(kept)
     files.close()
     assert open_fds_under(tmp_path) == []
+    with pytest.raises(FileNotFoundError):
+        files.open(b"", 9)  # no such file
 
 
 def test_a_file_forgotten_while_a_read_holds_it_closes_when_that_read_is_done(tmp_path):
-    files = OpenBlockFiles(limit=4)
-    held = files.add(1, write_file(tmp_path / "1", b"block one"))
+    files = table(tmp_path, limit=4)
+    (tmp_path / "1").write_bytes(b"block one")
+    assert read_file(files, 1) == b"block one"  # the first read: not kept
+    fd, _stat, held = files.open(b"", 1)
+    assert held is not None
     os.unlink(tmp_path / "1")
     files.forget(1)
 
-    assert files.acquire(1) is None
     # Still open for the read that holds it: closing it under the read would let the number
     # be reused by another open() and the read see another file's bytes.
-    assert os.pread(held.fd, 9, 0) == b"block one"
-    files.release(held)
+    assert os.pread(fd, 9, 0) == b"block one"
+    files.release(fd, held)
     assert open_fds_under(tmp_path) == []
 
 
-def test_a_block_removed_while_it_is_being_opened_is_not_kept(tmp_path, monkeypatch):
-    """The removal unlinks the file and runs its forget() between this read's open() and its
-    add(): keeping the descriptor then would hold the removed file's memory."""
-    tier = Tier(TierConfig("ram", str(tmp_path), 1 << 20), 0, open_files_limit=4)
-    prepare_directory(str(tmp_path))
-    raw = key(1).raw
-    tier.write_block(raw, 7, b"block")
+@pytest.mark.parametrize("earlier_reads", [0, 1])
+def test_a_file_removed_while_it_is_being_opened_is_not_kept(tmp_path, monkeypatch, earlier_reads):
+    """The removal unlinks the file and runs its forget() between this read's open() and the
+    moment the descriptor enters the table: keeping it would hold the removed file's memory."""
+    files = table(tmp_path, limit=4)
+    (tmp_path / "1").write_bytes(b"x")
+    for _ in range(earlier_reads):  # with one, this read is the second: it would keep it
+        assert read_file(files, 1) == b"x"
 
-    class RemovedRightAfterOpen:
-        def __getattr__(self, name):
-            return getattr(os, name)
+    def removal(path):
+        os.unlink(path)
+        files.forget(1)
 
-        def open(self, path, flags):
-            fd = os.open(path, flags)
-            tier.remove_block(raw, 7)
-            return fd
-
-    monkeypatch.setattr(tier_module, "os", RemovedRightAfterOpen())
+    monkeypatch.setattr(open_files_module, "os", OsWithOpenHook(removal))
     with pytest.raises(FileNotFoundError):
-        tier.open_block(raw, 7)
+        files.open(b"", 1)
+    assert len(files) == 0
     assert open_fds_under(tmp_path) == []
 
 
-def test_two_threads_opening_one_file_keep_one_descriptor(tmp_path):
-    files = OpenBlockFiles(limit=4)
-    first = files.add(1, write_file(tmp_path / "1", b"x"))
-    second = files.add(1, os.open(tmp_path / "1", os.O_RDONLY))
-    assert second is first and len(open_fds_under(tmp_path)) == 1
-    files.release(first)
-    files.release(second)
+def test_two_threads_opening_one_file_keep_one_descriptor(tmp_path, monkeypatch):
+    files = table(tmp_path, limit=4)
+    (tmp_path / "1").write_bytes(b"x")
+    assert read_file(files, 1) == b"x"
+    other_reads = []
+    opens = []
+
+    def another_thread_opens_it_too(path):
+        opens.append(path)
+        if len(opens) == 1:  # between this open() and the table: the other read's whole open
+            other_reads.append(files.open(b"", 1))
+
+    monkeypatch.setattr(open_files_module, "os", OsWithOpenHook(another_thread_opens_it_too))
+    fd, _stat, kept = files.open(b"", 1)
+    other_fd, _other_stat, other_kept = other_reads[0]
+    assert kept is other_kept and fd == other_fd and kept.users == 2
+    assert len(open_fds_under(tmp_path)) == 1
+    files.release(fd, kept)
+    files.release(other_fd, other_kept)
+    assert len(open_fds_under(tmp_path)) == 1  # still kept for later reads
     files.close()
     assert open_fds_under(tmp_path) == []
 
@@ -119,8 +153,10 @@ def test_reads_keep_the_block_file_open_and_every_removal_closes_it(make_cache, 
     cache = make_cache(ram=8 * BLOCK, ssd=8 * BLOCK)
     for i in range(4):
         cache.put(key(i, source_id=1 + i % 2), block_data(i))
-    for i in range(4):
-        assert cache.read(key(i, source_id=1 + i % 2), 5, 10) == block_data(i)[5:15]
+    for offset in (5, 50):  # two reads of each block: the second keeps its file open
+        for i in range(4):
+            got = cache.read(key(i, source_id=1 + i % 2), offset, 10)
+            assert got == block_data(i)[offset : offset + 10]
     assert len(open_fds_under(tmp_path / "ram")) == 4
     assert cache.read(key(0, source_id=1)) == block_data(0)  # again, through the kept one
     assert len(open_fds_under(tmp_path / "ram")) == 4
@@ -139,7 +175,9 @@ def test_lru_eviction_closes_the_file_of_the_block_it_evicts(make_cache, tmp_pat
     cache = make_cache(ram=2 * BLOCK, admission="lru")
     for i in range(2):
         cache.put(key(i), block_data(i))
-        assert cache.read(key(i)) == block_data(i)  # its file is kept open
+        for _ in range(2):
+            assert cache.read(key(i)) == block_data(i)  # its file is kept open
+    assert len(open_fds_under(tmp_path / "ram")) == 2
     cache.put(key(2), block_data(2))  # evicts block 0, the least recently used
 
     assert not cache.contains(key(0))
@@ -150,7 +188,8 @@ def test_promotion_closes_the_file_it_moves_the_block_out_of(make_cache, tmp_pat
     cache = make_cache(ram=1 * BLOCK, ssd=4 * BLOCK, promote=True)
     cache.put(key(0), block_data(0))
     cache.put(key(1), block_data(1))  # RAM is full: to the SSD
-    assert cache.read(key(1), 0, 10) == block_data(1)[:10]  # RAM full: not promoted
+    for _ in range(2):
+        assert cache.read(key(1), 0, 10) == block_data(1)[:10]  # RAM full: not promoted
     assert len(open_fds_under(tmp_path / "ssd")) == 1
     cache.evict(key(0))
 
@@ -166,7 +205,8 @@ def test_the_open_files_stay_within_the_limit(make_cache, tmp_path, monkeypatch)
     for i in range(60):
         cache.put(key(i), block_data(i))
     for i in range(60):
-        assert cache.read(key(i), 1, 2) == block_data(i)[1:3]
+        for offset in (1, 2):  # read twice in a row: kept
+            assert cache.read(key(i), offset, 2) == block_data(i)[offset : offset + 2]
     assert len(open_fds_under(tmp_path / "ram")) == 5  # the limit, shared by the two tiers
     assert len(open_fds_under(tmp_path / "ssd")) == 5
     cache.close()
@@ -177,7 +217,9 @@ def test_damage_behind_a_kept_descriptor_is_still_caught(make_cache, tmp_path):
     cache = make_cache()
     for i in range(3):
         cache.put(key(i), block_data(i))
-        assert cache.read(key(i)) == block_data(i)  # verified, and its file kept open
+        for _ in range(2):
+            assert cache.read(key(i)) == block_data(i)  # verified, and its file kept open
+    assert len(open_fds_under(tmp_path / "ram")) == 3
     with open(cache.block_path(key(0)), "r+b") as block_file:  # a flipped byte
         block_file.seek(100)
         block_file.write(bytes([block_data(0)[100] ^ 0xFF]))
@@ -260,7 +302,7 @@ def test_tiny_tables_still_read_right(make_cache, tmp_path, monkeypatch, limit):
     cache = make_cache()
     for i in range(3):
         cache.put(key(i), block_data(i))
-    for _ in range(2):
-        for i in range(3):
+    for i in range(3):
+        for _ in range(2):
             assert cache.read(key(i), 7, 9) == block_data(i)[7:16]
     assert len(open_fds_under(tmp_path / "ram")) == limit
