@@ -26,6 +26,7 @@ Output: JSON (stdout or ``--json``) and a markdown table; ``--save-dir`` writes 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import multiprocessing
 import os
@@ -613,6 +614,21 @@ def check_present(data_path: DataPath, samples: Samples) -> None:
             )
 
 
+def warm_up(data_path: DataPath, samples: Samples, threads: int = 8) -> None:
+    """Read (and check) every sample once, untimed: the data path caches what it caches, as
+    after an epoch of training. Done right before a trial, after the quiet-CPU wait: this
+    machine's DAMON reclaim pages out page cache that sits unused for about a minute
+    (bench/README.md), so a warm-up done once before a search of many trials would be gone
+    by its later trials."""
+    read = data_path.opener(threads)
+
+    def read_one(index: int) -> None:
+        samples.check(index, read(samples.keys[index]))
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(read_one, range(len(samples.keys))))
+
+
 def exact_command(argv: Sequence[str]) -> str:
     """How this run was started (the interpreter relative to the working directory when
     inside it, as in the other benchmarks' reports)."""
@@ -639,6 +655,8 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             busy_before = wait_for_quiet_cpu(args.quiet_cpu, args.quiet_wait)
             if args.drop_caches:
                 drop_page_cache()
+            if args.warm_up:
+                warm_up(data_path, samples)
             ticks = cpu_ticks()
             results = run_trial(
                 data_path,
@@ -701,6 +719,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             "order_seed": args.order_seed,
             "mode": args.mode,
             "drop_caches": args.drop_caches,
+            "warm_up": args.warm_up,
         },
         "verification": "every sample's length and xxh3_64 checked against the generator's bytes",
         "trials": sorted(trials.values(), key=lambda t: t["accelerators"]),
@@ -736,7 +755,8 @@ def render_markdown(results: dict) -> str:
         f"({demand * d['sample_size'] / 1e6:,.0f} MB/s) when it never waits; {w['batches']} "
         f"batches per trial; {w['readers']} reader threads; readers up to {w['prefetch']} "
         f"batch(es) ahead; accelerators run as {w['mode']}es"
-        + ("; page cache dropped before each trial" if w["drop_caches"] else ""),
+        + ("; page cache dropped before each trial" if w["drop_caches"] else "")
+        + ("; every sample read once right before each trial" if w.get("warm_up") else ""),
         f"- command: `{results['command']}`",
         "",
         "| accelerators | mean utilisation | min | after 1st batch | samples/s | MB/s "
@@ -827,8 +847,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="one process per accelerator (default), or all in threads of one process",
     )
     parser.add_argument("--order-seed", type=int, default=1, help="shuffled order seed")
-    parser.add_argument(
+    before_trial = parser.add_mutually_exclusive_group()
+    before_trial.add_argument(
         "--drop-caches", action="store_true", help="drop the page cache before each trial (root)"
+    )
+    before_trial.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="read every sample once right before each trial (a later epoch: what the data "
+        "path caches is warm, even where idle page cache is reclaimed)",
     )
     parser.add_argument(
         "--quiet-cpu", type=float, default=0.3, help="start a trial once at most this much CPU..."

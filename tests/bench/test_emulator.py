@@ -33,6 +33,7 @@ from bench.emulator import (
     run_trial,
     summarise_trial,
     utilisation,
+    warm_up,
 )
 from bench.read_bench import BenchmarkFailure
 
@@ -277,6 +278,24 @@ def test_a_missing_sample_fails_the_trial(sample_dir):
         )
 
 
+def test_warm_up_reads_and_checks_every_sample(sample_dir):
+    root, plan = sample_dir
+    samples = Samples.of(plan)
+    warm_up(DataPath("dir", str(root)), samples, threads=3)  # all intact: no error
+    last = root / plan.files[-1].path
+    data = bytearray(last.read_bytes())
+    data[-1] ^= 1
+    last.write_bytes(bytes(data))
+    with pytest.raises(BenchmarkFailure, match="content differs"):
+        warm_up(DataPath("dir", str(root)), samples, threads=3)
+
+
+def test_warm_up_and_drop_caches_exclude_each_other(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--data", "dir:/x", "--warm-up", "--drop-caches"])
+    assert "not allowed with" in capsys.readouterr().err
+
+
 # --- the whole command, tiny -----------------------------------------------------------------
 
 
@@ -319,10 +338,13 @@ def test_listed_accelerators_are_measured_without_search(sample_dir):
     args = build_parser().parse_args(
         ["--data", f"dir:{root}", "--samples", "30", "--sample-size", "1500", "--classes", "3",
          "--seed", "2", "--batch", "2", "--compute", "0", "--batches", "2",
-         "--accelerators", "2,1", "--target", "1.01", "--mode", "thread", "--quiet-wait", "0"]
+         "--accelerators", "2,1", "--target", "1.01", "--mode", "thread", "--quiet-wait", "0",
+         "--warm-up"]
     )  # fmt: skip
     args.argv = []
     results = run_benchmark(args)
+    assert results["workload"]["warm_up"] is True
+    assert "every sample read once right before each trial" in render_markdown(results)
     assert [t["accelerators"] for t in results["trials"]] == [1, 2]
     assert results["search"]["largest_accelerators"] == 0  # nothing reaches 101 %
     assert "Largest N with mean utilisation >= 101%: 0" in render_markdown(results)

@@ -29,9 +29,13 @@ def small_pass(system: str, name: str, threads: int, files_per_s: float) -> dict
     }
 
 
-def emulator_run(largest: int, utilisations: dict[int, float]) -> dict:
+def emulator_run(
+    largest: int, utilisations: dict[int, float], *, warm_up=False, drop_caches=False
+) -> dict:
     return {
         "workload": {
+            "warm_up": warm_up,
+            "drop_caches": drop_caches,
             "batch": 40,
             "compute_s": 0.0224,
             "scale": 0.1,
@@ -102,9 +106,10 @@ def results() -> dict:
             ],
         },
         "emulator": {
-            "tmpfs": emulator_run(10, {8: 0.95, 16: 0.7, 10: 0.91}),
-            "cachefs": emulator_run(8, {8: 0.93, 16: 0.6}),  # 0.8x: met
-            "cachefs_ram_tier": emulator_run(1, {1: 0.95, 2: 0.5}),  # 0.1x: not met
+            "tmpfs": emulator_run(10, {8: 0.95, 16: 0.7, 10: 0.91}, warm_up=True),
+            "cachefs": emulator_run(8, {8: 0.93, 16: 0.6}, warm_up=True),  # 0.8x: met
+            # 0.1x: not met
+            "cachefs_ram_tier": emulator_run(1, {1: 0.95, 2: 0.5}, drop_caches=True),
         },
         "thrash": {
             "policies": {
@@ -154,7 +159,8 @@ def test_markdown_shows_every_part(results: dict) -> None:
     assert "| warm small files >= 10x rclone (warm), 4 readers | 7.50x | 10x | FAIL |" in text
     assert "| later epochs (warm) | cachefs | 4 | 15,000 |" in text
     assert "| sequential | 1 | cachefs | cold | 300.0 |" in text
-    assert "| cachefs_ram_tier | 1 | 0.10x |" in text
+    assert "| cachefs_ram_tier | page cache dropped | 1 | 0.10x |" in text
+    assert "| cachefs | every sample read once | 8 | 0.80x |" in text
     assert "| avoid-eviction | 0.50 | 2 | 0.490 |" in text
     assert "`-o kernel_cache`: keeps the page cache" in text
     assert "![small_files.png](small_files.png)" in text
