@@ -28,9 +28,18 @@ from cachefs.units import parse_size
 PARTS = ("small", "large", "metadata", "emulator", "thrash", "multinode", "s3fs", "rclone")
 
 
-def default_out_dir(preset: str) -> str:
-    suffix = "" if preset == "default" else f"-{preset}"
-    return os.path.join("bench", "results", f"{datetime.date.today().isoformat()}{suffix}")
+def default_out_dir(preset: str, *, partial: bool = False, root: str = "bench/results") -> str:
+    """``<root>/<date>[-<preset>][-partial]``, with ``-2``, ``-3``, ... added rather than
+    overwrite an earlier run's results (a quick look at one workload must never replace the
+    committed run of the day)."""
+    name = datetime.date.today().isoformat()
+    name += "" if preset == "default" else f"-{preset}"
+    name += "-partial" if partial else ""
+    path, n = os.path.join(root, name), 1
+    while os.path.exists(os.path.join(path, "results.json")):
+        n += 1
+        path = os.path.join(root, f"{name}-{n}")
+    return path
 
 
 def write_report(results: dict, out_dir: str) -> list[str]:
@@ -106,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = build_parser().parse_args(argv[1:])
     args.argv = argv[1:]
-    out_dir = args.out or default_out_dir(args.preset)
+    out_dir = args.out or default_out_dir(args.preset, partial=bool(args.skip))
 
     def run(args: argparse.Namespace) -> dict:
         from bench.suite.run import run_suite  # imports boto3, the peers...: only when running

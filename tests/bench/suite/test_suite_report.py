@@ -198,6 +198,7 @@ def test_command_line() -> None:
         _parts("small,nope")
     assert default_out_dir("default").endswith(tuple("0123456789"))
     assert default_out_dir("quick").endswith("-quick")
+    assert default_out_dir("quick", partial=True).endswith("-quick-partial")
     assert main(["nothing"]) == 2
 
 
@@ -209,3 +210,15 @@ def test_presets_grow_from_quick_to_full() -> None:
         assert preset.cold_files <= preset.small_files
         assert 4 in preset.readers  # the targets are taken at 4 readers
         assert 64 << 20 <= preset.shard_min <= preset.shard_max <= 256 << 20
+
+
+def test_a_new_run_never_overwrites_earlier_results(tmp_path):
+    first = default_out_dir("default", root=str(tmp_path))
+    os.makedirs(first)
+    assert default_out_dir("default", root=str(tmp_path)) == first  # empty: reused
+    open(os.path.join(first, "results.json"), "w").close()
+    second = default_out_dir("default", root=str(tmp_path))
+    assert second == first + "-2"
+    os.makedirs(second)
+    open(os.path.join(second, "results.json"), "w").close()
+    assert default_out_dir("default", root=str(tmp_path)) == first + "-3"
