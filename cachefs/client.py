@@ -108,6 +108,26 @@ class ControlClient:
     def resolve(self, dataset: str, path: str) -> dict:
         return self._request("GET", "/v1/resolve", params={"dataset": dataset, "path": path})
 
+    def resolve_many(self, dataset: str, paths: list[str], *, timeout: float | None = None) -> dict:
+        """Per path its size and blocks, each cached block with its local file, length and
+        xxh3_64 (see ``Worker.resolve_many``). At most 10,000 paths per call."""
+        return self._request(
+            "POST",
+            f"/v1/datasets/{dataset}/resolve",
+            json={"paths": list(paths)},
+            timeout=timeout or self._http.timeout,
+        )
+
+    def prefetch(self, dataset: str, paths: list[str], *, timeout: float | None = None) -> dict:
+        """Tell the worker these files will be read soon: their uncached blocks are fetched in
+        the background. Returns ``{"accepted", "dropped", "queued"}``."""
+        return self._request(
+            "POST",
+            f"/v1/datasets/{dataset}/prefetch",
+            json={"paths": list(paths)},
+            timeout=timeout or self._http.timeout,
+        )
+
     def shutdown(self) -> None:
         self._request("POST", "/v1/shutdown")
 

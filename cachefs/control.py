@@ -34,6 +34,8 @@ class WorkerAPI(Protocol):
     async def remove_dataset(self, name: str, *, keep_cache: bool) -> dict[str, Any]: ...
     async def refresh_dataset(self, name: str) -> dict[str, Any]: ...
     def resolve(self, dataset: str, path: str) -> dict[str, Any]: ...
+    async def resolve_many(self, dataset: str, paths: list[str]) -> dict[str, Any]: ...
+    def prefetch(self, dataset: str, paths: list[str]) -> dict[str, Any]: ...
     def request_shutdown(self) -> None: ...
     def metrics_text(self) -> bytes: ...
 
@@ -50,6 +52,13 @@ def _status_code(exc: CachefsError) -> int:
     if isinstance(exc, StoreError):
         return 502
     return 500
+
+
+def _paths_of(body: dict) -> list[str]:
+    paths = body.get("paths")
+    if not isinstance(paths, list) or not all(isinstance(path, str) for path in paths):
+        raise ConfigError('the body must be {"paths": [<path relative to the dataset>, ...]}')
+    return paths
 
 
 def create_control_app(worker: WorkerAPI) -> FastAPI:
@@ -84,6 +93,19 @@ def create_control_app(worker: WorkerAPI) -> FastAPI:
     @app.get("/v1/resolve")
     async def resolve(dataset: str, path: str) -> dict:
         return worker.resolve(dataset, path)
+
+    @app.post("/v1/datasets/{name}/resolve")
+    async def resolve_many(name: str, body: dict) -> JSONResponse:
+        """Many paths at once: ``{"paths": [...]}`` (a training epoch resolves its files in
+        batches, not one request per file). Returned as a JSONResponse: FastAPI's own encoding
+        of a returned dict walks every value first, which costs more than the resolving."""
+        return JSONResponse(await worker.resolve_many(name, _paths_of(body)))
+
+    @app.post("/v1/datasets/{name}/prefetch", status_code=202)
+    async def prefetch(name: str, body: dict) -> dict:
+        """A hint: ``{"paths": [...]}`` will be read soon; their uncached blocks are fetched in
+        the background (bounded; excess hints are dropped, oldest first)."""
+        return worker.prefetch(name, _paths_of(body))
 
     @app.post("/v1/shutdown", status_code=202)
     async def shutdown() -> dict:

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -28,7 +29,7 @@ import xxhash
 
 from cachefs import __version__
 from cachefs.cache import TierConfig, TieredBlockCache
-from cachefs.cache.base import BlockKey, source_id_of
+from cachefs.cache.base import BlockFile, BlockKey, source_id_of
 from cachefs.client import CoordinatorClient
 from cachefs.cluster.agent import ClusterAgent
 from cachefs.cluster.fetchers import FetcherPool
@@ -39,7 +40,7 @@ from cachefs.cluster.tasks import TaskRunner
 from cachefs.control import WorkerAPI, create_control_app, create_metrics_app
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound, PathNotFound
 from cachefs.fs import fuse_ops
-from cachefs.fs.blocks import BlockReader, DataSource, ReadLimits
+from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
 from cachefs.meta import BuildResult, Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics, counter, gauge, make_registry
@@ -52,6 +53,11 @@ from cachefs.store import StoreConfig, open_store
 from cachefs.store.base import RetryPolicy
 
 log = logging.getLogger("cachefs.worker")
+
+#: Paths one batch-resolve or prefetch request may name (clients send batches of this or less).
+MAX_PATHS_PER_REQUEST = 10_000
+# Paths resolved between two trio checkpoints: a batch of thousands must not hold up FUSE.
+_RESOLVE_SLICE = 256
 
 
 def default_ram_dir(state_dir: str) -> str:
@@ -94,6 +100,10 @@ class WorkerConfig:
     preload_processes: int = 2  # fetcher processes for preload (0: fetch in threads)
     preload_concurrency: int = 16  # blocks in flight per node during a preload
     fill_concurrency: int = 8  # blocks in flight per node while filling a copy from peers
+    prefetch_queue_files: int = 20_000  # hinted files waiting; past it the oldest are dropped
+    # Hinted blocks being fetched at once: enough to hide a store's latency (tens of ms per
+    # GET), half of ReadLimits.store_threads so FUSE misses keep the other half.
+    prefetch_concurrency: int = 16
 
     @property
     def socket_path(self) -> str:
@@ -124,6 +134,7 @@ class Worker(WorkerAPI):
         self.filler: Filler | None = None
         self.tasks: TaskRunner | None = None
         self._fetchers: FetcherPool | None = None
+        self.prefetcher: Prefetcher | None = None
         self._refresh_epochs: dict[str, int] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -174,6 +185,13 @@ class Worker(WorkerAPI):
                 raise ConfigError("a worker that follows a coordinator needs --listen and a token")
             self.membership = Membership(cfg.node)
         self.fs = FileSystem(BlockReader(self.cache, self.metrics, cfg.limits))
+        self.prefetcher = Prefetcher(
+            self.fs,
+            self.cache,
+            evicts=cfg.admission != "avoid-eviction",
+            max_queued=cfg.prefetch_queue_files,
+            concurrency=cfg.prefetch_concurrency,
+        )
         os.makedirs(self._snapshot_root, exist_ok=True)
         for spec in self.registry.list():
             try:
@@ -241,6 +259,7 @@ class Worker(WorkerAPI):
                 async with trio.open_nursery() as background:
                     background.start_soon(self._housekeeping)
                     await background.start(self.fs.reader.serve_readahead)
+                    await background.start(self.prefetcher.run)
                     background.start_soon(self._watch_signals)
                     if self.agent is not None:
                         await background.start(self.preloader.run)
@@ -661,6 +680,7 @@ class Worker(WorkerAPI):
                 "coalesced": m.fetch_coalesced,
                 "readahead_blocks": m.readahead_blocks,
             },
+            "prefetch": self.prefetcher.status(),
             "cache": vars_of(counters),
             "store": {
                 "requests": {f"{op}:{outcome}": n for (op, outcome), n in m.store_requests.items()},
@@ -725,12 +745,14 @@ class Worker(WorkerAPI):
         for index in range((entry.size + block_size - 1) // block_size):
             key = BlockKey.make(mounted.source.source_id, entry.key, entry.etag, index)
             start = index * block_size
+            cached = self.cache.block_file(key)
             blocks.append(
                 {
                     "index": index,
                     "offset": start,
                     "length": min(block_size, entry.size - start),
-                    "file": self.cache.block_path(key),
+                    "file": None if cached is None else cached.path,
+                    "checksum": None if cached is None else _checksum_hex(cached),
                 }
             )
         return {
@@ -743,6 +765,70 @@ class Worker(WorkerAPI):
             "blocks": blocks,
             "mount_path": os.path.join(self.config.mountpoint, dataset, path.strip("/")),
         }
+
+    async def resolve_many(self, dataset: str, paths: list[str]) -> dict[str, Any]:
+        """Batch resolve for short-circuit readers (tf_dataset): per path its size, etag and
+        blocks, each block either ``[file, length, checksum]`` — cached on this node: the file,
+        the length and the xxh3_64 (16 hex digits) it was admitted with, which the reader
+        verifies before trusting the bytes — or None (not cached here: read it through the
+        mount). A path that is missing or a directory gets ``"error"`` instead.
+
+        Answers describe the snapshot current when each path was looked up: a refresh during
+        the call can make later paths resolve against the new one, each file consistently."""
+        if len(paths) > MAX_PATHS_PER_REQUEST:
+            raise ConfigError(
+                f"{len(paths)} paths in one resolve request; send at most "
+                f"{MAX_PATHS_PER_REQUEST} per request"
+            )
+        files: list[dict[str, Any]] = []
+        block_size = None
+        for start in range(0, len(paths), _RESOLVE_SLICE):
+            if start:
+                await trio.sleep(0)  # let FUSE requests in between slices
+            mounted = self.fs.dataset(dataset)  # again after each checkpoint: a refresh swaps it
+            if mounted is None:
+                raise DatasetNotFound(f"no dataset named {dataset!r}")
+            source = mounted.source
+            block_size = source.block_size
+            for path in paths[start : start + _RESOLVE_SLICE]:
+                entry = mounted.snapshot.resolve(path.strip("/"))
+                if entry is None or entry.is_dir:
+                    files.append({"path": path, "error": "not a file" if entry else "not found"})
+                    continue
+                blocks = []
+                for index in range((entry.size + block_size - 1) // block_size):
+                    key = BlockKey.make(source.source_id, entry.key, entry.etag, index)
+                    cached = self.cache.block_file(key)
+                    blocks.append(
+                        None
+                        if cached is None
+                        else [cached.path, cached.size, _checksum_hex(cached)]
+                    )
+                files.append(
+                    {"path": path, "size": entry.size, "etag": entry.etag, "blocks": blocks}
+                )
+        if block_size is None:  # no paths: still say whether the dataset exists
+            mounted = self.fs.dataset(dataset)
+            if mounted is None:
+                raise DatasetNotFound(f"no dataset named {dataset!r}")
+            block_size = mounted.source.block_size
+        return {
+            "dataset": dataset,
+            "mount_root": os.path.join(self.config.mountpoint, dataset),
+            "block_size": block_size,
+            "files": files,
+        }
+
+    def prefetch(self, dataset: str, paths: list[str]) -> dict[str, Any]:
+        """Queue a prefetch hint: a same-node reader will read these files soon."""
+        if self.fs.dataset(dataset) is None:
+            raise DatasetNotFound(f"no dataset named {dataset!r}")
+        if len(paths) > MAX_PATHS_PER_REQUEST:
+            raise ConfigError(
+                f"{len(paths)} paths in one prefetch hint; send at most "
+                f"{MAX_PATHS_PER_REQUEST} per hint"
+            )
+        return self.prefetcher.hint(dataset, paths)
 
     def metrics_text(self) -> bytes:
         from prometheus_client import generate_latest
@@ -782,6 +868,34 @@ class Worker(WorkerAPI):
         yield counter(
             "cachefs_corrupt_blocks", "Blocks dropped for failing verification", counters.corrupt
         )
+        if self.prefetcher is None:
+            return
+        hints = self.prefetcher.counters
+        yield counter(
+            "cachefs_prefetch_hinted_files", "Files named in prefetch hints", hints.hinted_files
+        )
+        yield counter(
+            "cachefs_prefetch_dropped_files",
+            "Hinted files dropped unprocessed (queue full, oldest first)",
+            hints.dropped_files,
+        )
+        yield gauge(
+            "cachefs_prefetch_blocks",
+            "Blocks of hinted files, by outcome",
+            ["outcome"],
+            [
+                (["fetched"], hints.blocks_fetched),
+                (["cached"], hints.blocks_cached),
+                (["no_room"], hints.blocks_no_room),
+                (["failed"], hints.blocks_failed),
+            ],
+        )
+        yield gauge(
+            "cachefs_prefetch_queued_files",
+            "Hinted files waiting",
+            [],
+            [([], len(self.prefetcher))],
+        )
         rows_cached, rows_fraction = [], []
         for dataset in self.fs.datasets():
             cached = self.cache.cached_bytes(dataset.source.source_id)
@@ -798,6 +912,134 @@ class Worker(WorkerAPI):
             rows_fraction,
         )
         yield gauge("cachefs_worker_rss_bytes", "Worker resident memory", [], [([], rss_bytes())])
+
+
+def _checksum_hex(block: BlockFile) -> str:
+    # Hex, not a JSON number: 64-bit values lose precision in many JSON readers.
+    return f"{block.checksum:016x}"
+
+
+@dataclass
+class PrefetchCounters:
+    hinted_files: int = 0  # file paths received in hints
+    dropped_files: int = 0  # dropped unprocessed because the queue was full (oldest first)
+    unknown_files: int = 0  # not a file of the dataset when processed
+    blocks_fetched: int = 0  # fetched into the cache (or from the owner, in a cluster)
+    blocks_cached: int = 0  # already cached here: nothing to do
+    blocks_no_room: int = 0  # skipped: the tiers are full and admission avoids eviction
+    blocks_failed: int = 0  # the fetch failed (the reader's own read will retry it)
+
+
+class Prefetcher:
+    """Fetches the blocks of files a same-node reader says it will read soon (prefetch hints,
+    sent by tf_dataset ahead of its pipeline), so that its reads find them cached.
+
+    Hints wait in a queue of at most ``max_queued`` files; past that the *oldest* are dropped
+    (and counted): a reader that hints ahead of itself makes its oldest hints the least useful
+    ones, since it is reading those files now and its reads fetch them anyway. One task takes
+    files in order and starts at most ``concurrency`` block fetches at once, each through
+    ``BlockReader.fetch_ahead`` — the read path's own fetch: a FUSE read of a block being
+    prefetched waits for that fetch instead of starting another, a cluster node gets the block
+    from its shard's owner, and the store limiter is shared, of which prefetches hold at most
+    ``concurrency`` slots so FUSE misses keep the rest. Nothing here ever blocks a FUSE read.
+    """
+
+    def __init__(
+        self, fs: FileSystem, cache, *, evicts: bool, max_queued: int, concurrency: int
+    ) -> None:
+        self._fs = fs
+        self._cache = cache
+        self._evicts = evicts
+        self._queue: deque[tuple[str, str]] = deque()
+        self._max_queued = max_queued
+        self._slots = trio.Semaphore(max(1, concurrency))
+        self._hinted = trio.Event()
+        self.counters = PrefetchCounters()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def hint(self, dataset: str, paths: list[str]) -> dict[str, Any]:
+        """Queue files (called on the trio loop by the control API; never waits)."""
+        dropped = 0
+        for path in paths:
+            self._queue.append((dataset, path))
+        overflow = len(self._queue) - self._max_queued
+        for _ in range(max(0, overflow)):
+            self._queue.popleft()
+            dropped += 1
+        self.counters.hinted_files += len(paths)
+        self.counters.dropped_files += dropped
+        if self._queue:
+            self._hinted.set()
+        # "dropped" counts hints of this request and older ones alike: whichever were oldest.
+        accepted = min(len(paths), self._max_queued)
+        return {"accepted": accepted, "dropped": dropped, "queued": len(self._queue)}
+
+    def status(self) -> dict[str, Any]:
+        return {**vars_of(self.counters), "queued_files": len(self._queue)}
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Process hints until cancelled (the worker starts this in its background nursery)."""
+        async with trio.open_nursery() as fetches:
+            task_status.started()
+            while True:
+                if not self._queue:
+                    self._hinted = trio.Event()
+                    await self._hinted.wait()
+                    continue
+                dataset, path = self._queue.popleft()
+                try:
+                    await self._prefetch_file(fetches, dataset, path)
+                except CachefsError as exc:  # e.g. the dataset went away: a hint never fails us
+                    self.counters.unknown_files += 1
+                    log.debug("prefetch of %s/%s skipped: %s", dataset, path, exc)
+
+    async def _prefetch_file(self, fetches: trio.Nursery, dataset: str, path: str) -> None:
+        mounted = self._fs.dataset(dataset)
+        entry = None if mounted is None else mounted.snapshot.resolve(path.strip("/"))
+        if entry is None or entry.is_dir:
+            self.counters.unknown_files += 1
+            return
+        source = mounted.source  # kept: the fetches finish against the version hinted
+        file = FileVersion(entry.key, entry.etag, entry.size)
+        block_size = source.block_size
+        for index in range((entry.size + block_size - 1) // block_size):
+            key = BlockKey.make(source.source_id, entry.key, entry.etag, index)
+            if self._cache.locate(key) is not None:
+                self.counters.blocks_cached += 1
+                continue
+            length = min(block_size, entry.size - index * block_size)
+            if not self._room_for(source, key, length):
+                self.counters.blocks_no_room += 1
+                continue
+            await self._slots.acquire()  # the queue waits here, never a FUSE read
+            fetches.start_soon(self._fetch_block, source, file, index)
+
+    def _room_for(self, source: DataSource, key: BlockKey, length: int) -> bool:
+        """Whether fetching the block can leave it cached: not when this node would admit it
+        but its tiers are full and the policy avoids eviction (the block would be read through
+        and forgotten: a store GET for nothing)."""
+        route = self._fs.reader.route
+        if route is not None and route.owner_address(source.dataset, key.shard) is not None:
+            return True  # another node owns it: fetching it makes that node cache it
+        if self._evicts:
+            return True
+        return any(tier.capacity - tier.used >= length for tier in self._cache.usage())
+
+    async def _fetch_block(self, source: DataSource, file: FileVersion, index: int) -> None:
+        try:
+            where = await self._fs.reader.fetch_ahead(source, file, index)
+        except CachefsError as exc:
+            self.counters.blocks_failed += 1
+            log.debug("prefetch of block %d of %s failed: %s", index, file.key, exc)
+        else:
+            if where is None:  # a read cached it while this fetch waited for a slot
+                self.counters.blocks_cached += 1
+            else:
+                self.counters.blocks_fetched += 1
+        finally:
+            self._slots.release()
 
 
 def vars_of(obj) -> dict[str, Any]:

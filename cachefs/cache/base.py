@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import xxhash
 
@@ -78,6 +78,17 @@ class BlockKey:
 def checksum(data: bytes | memoryview) -> int:
     """The block checksum kept in the index (xxh3_64)."""
     return xxhash.xxh3_64_intdigest(data)
+
+
+class BlockFile(NamedTuple):
+    """A cached block's file as a same-node short-circuit reader needs it: the file, and the
+    size and xxh3_64 recorded when the block was admitted, which the reader checks before it
+    trusts the bytes (the file may be evicted, or replaced by a new admission, after the
+    answer)."""
+
+    path: str
+    size: int
+    checksum: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +152,10 @@ class BlockCache(Protocol):
 
     def block_path(self, key: BlockKey) -> str | None:
         """Path of the block's file for same-node short-circuit readers, or None."""
+        ...
+
+    def block_file(self, key: BlockKey) -> BlockFile | None:
+        """The block's file with its admitted size and checksum, or None if not cached."""
         ...
 
     def usage(self) -> list[TierUsage]: ...

@@ -26,7 +26,7 @@ import resource
 import threading
 from collections.abc import Collection
 
-from cachefs.cache.base import BlockKey, CacheCounters, TierUsage, checksum
+from cachefs.cache.base import BlockFile, BlockKey, CacheCounters, TierUsage, checksum
 from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TierRecord, TotalsDelta
 from cachefs.cache.tier import Tier, TierConfig, prepare_directory
 from cachefs.errors import CachefsError, ConfigError
@@ -602,6 +602,20 @@ class TieredBlockCache:
         self._touch(raw)
         entry = Entry.unpack(value)
         return self._tier_by_id[entry.tier_id].block_path(raw, entry.file_id)
+
+    def block_file(self, key: BlockKey) -> BlockFile | None:
+        """The block's file with the size and checksum it was admitted with, for short-circuit
+        readers (who verify both: the file may be removed or replaced after this answer).
+        Counts as an access for the LRU order, like ``block_path``."""
+        self._check_open()
+        raw = key.raw
+        value = self._index.get(raw)
+        if value is None:
+            return None
+        self._touch(raw)
+        entry = Entry.unpack(value)
+        path = self._tier_by_id[entry.tier_id].block_path(raw, entry.file_id)
+        return BlockFile(path, entry.size, entry.checksum)
 
     def usage(self) -> list[TierUsage]:
         with self._lock:

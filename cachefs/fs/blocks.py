@@ -239,6 +239,21 @@ class BlockReader:
             return
         self.metrics.readahead_blocks += 1
 
+    async def fetch_ahead(self, source: DataSource, file: FileVersion, index: int) -> str | None:
+        """Fetch one block for a reader that said it will read it soon (a prefetch hint), as a
+        miss would: from the owner, the fill source or the store, admitted where a miss would
+        admit it, and sharing the fetch with any concurrent read of the block. Returns where
+        it came from, or None when it is cached already; raises CachefsError when the fetch
+        fails."""
+        key = self._block_key(source, file, index)
+        # Checked here, not only by the caller: a read may have cached the block since, and
+        # no checkpoint separates this check from _fetch registering its flight.
+        if self.cache.locate(key) is not None:
+            return None
+        owner = self.route.owner_address(source.dataset, key.shard) if self.route else None
+        _data, where = await self._fetch(source, file, index, key, peer=owner)
+        return where
+
     async def _read_block(
         self, source: DataSource, file: FileVersion, index: int, offset: int, length: int
     ) -> bytes:

@@ -1,0 +1,122 @@
+"""bench/tf_bench.py: its helpers without TensorFlow, and one tiny real run (real worker, real
+mount, real tf.data). No timing assertions."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from bench.read_bench import BenchmarkFailure
+from bench.tf_bench import EpochRun, PassResult, check_epoch, main, render_markdown, targets
+
+
+def _pass(name: str, files_per_s: float, **extra) -> dict:
+    return {
+        "name": name,
+        "files": 1000,
+        "bytes": 110_000_000,
+        "seconds": 1000 / files_per_s,
+        "all_seconds": [1000 / files_per_s],
+        "files_per_s": files_per_s,
+        "mb_per_s": 110 * files_per_s / 1000,
+        "reader_stats": extra.get("reader_stats", {}),
+        "worker_delta": extra.get("worker_delta", {}),
+    }
+
+
+def test_best_of_keeps_the_fastest_run_and_every_time():
+    result = PassResult.best_of("x", [EpochRun(10, 100, 2.0), EpochRun(10, 100, 1.0)])
+    assert result.seconds == 1.0 and result.all_seconds == [2.0, 1.0]
+    assert result.files_per_s == 10.0 and result.mb_per_s == 100 / 1e6
+
+
+def test_check_epoch_fails_on_a_wrong_count():
+    check_epoch(EpochRun(3, 30, 1.0), 3, 30, "ok")
+    with pytest.raises(BenchmarkFailure):
+        check_epoch(EpochRun(3, 29, 1.0), 3, 30, "short")
+    with pytest.raises(BenchmarkFailure):
+        check_epoch(EpochRun(2, 30, 1.0), 3, 30, "missing file")
+
+
+def test_target_compares_warm_with_tmpfs_and_the_report_shows_it():
+    passes = [
+        _pass("tmpfs_read_file", 20_000),
+        _pass(
+            "cachefs_warm",
+            19_000,
+            reader_stats={"short_circuit_files": 1000, "mount_files": 0, "fallback_files": 0},
+        ),
+    ]
+    (target,) = targets(passes)
+    assert target["value"] == pytest.approx(0.95) and target["met"]
+    assert not targets([_pass("tmpfs_read_file", 20_000), _pass("cachefs_warm", 10_000)])[0]["met"]
+    assert targets(passes[:1]) == []
+    results = {
+        "date": "2026-11-21",
+        "machine": {"nproc": 2, "memory_bytes": 8 << 30, "kernel": "6.1", "python": "3.11"},
+        "tensorflow": "2.x",
+        "load_before": [1, 1, 1],
+        "load_after": [1, 1, 1],
+        "dataset": {
+            "files": 1000,
+            "classes": 10,
+            "bytes": 110_000_000,
+            "mean_size": 110_000,
+            "seed": 0,
+        },
+        "source": "file",
+        "settings": {"batch": 256, "chunk": 32, "window": 1024, "repeats": 1},
+        "passes": passes,
+        "targets": [target],
+    }
+    report = render_markdown(results)
+    assert "0.95x" in report and "PASS" in report and "short-circuit 1,000" in report
+
+
+def test_a_tiny_run_reads_every_file_in_every_pass(tmp_path):
+    pytest.importorskip("tensorflow")  # a guard only: CI installs the [tf] extra
+    out = tmp_path / "results.json"
+    status = main(
+        [
+            "--files",
+            "40",
+            "--classes",
+            "4",
+            "--repeats",
+            "1",
+            "--batch",
+            "8",
+            "--chunk",
+            "4",
+            "--window",
+            "16",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--local-root",
+            f"/dev/shm/cachefs-tf-bench-test-{uuid.uuid4().hex[:8]}",
+            "--json",
+            str(out),
+            "--save-dir",
+            str(tmp_path / "saved"),
+        ]
+    )
+    assert status == 0
+    results = json.loads(out.read_text())
+    names = [p["name"] for p in results["passes"]]
+    assert names == [
+        "tmpfs_read_file",
+        "cachefs_first_epoch",
+        "cachefs_warm",
+        "cachefs_warm_link",
+        "cachefs_mount_read_file",
+        "blockfiles_read_file",
+    ]
+    assert all(p["files"] == 40 for p in results["passes"])
+    for warm in results["passes"][2:4]:
+        assert warm["reader_stats"]["short_circuit_files"] == 40
+        assert warm["worker_delta"]["store_gets"] == 0
+    assert results["passes"][1]["worker_delta"]["store_gets"] > 0  # the local store counts too
+    saved = list((tmp_path / "saved").iterdir())
+    assert sorted(p.suffix for p in saved) == [".json", ".md"]
