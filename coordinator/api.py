@@ -27,6 +27,7 @@ from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotF
 from cachefs.protocol import DEFAULT_BLOCK_SIZE, DatasetSpec
 
 from .cluster import Cluster, NodeNotFound, PreloadNotFound
+from .extender import extender_router
 from .manager import CopyBusy, JobExists, JobNotFound
 from .preload import Selection
 from .scheduling.http import placement_router
@@ -406,6 +407,7 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         tags=["placement"],
         responses=_ERRORS,
     )
+    app.include_router(extender_router(cluster))  # no token: kube-scheduler sends none
     return app
 
 
