@@ -62,6 +62,7 @@ PASS_TITLES = {
     "cachefs_warm_link": "tf_dataset, warm (short-circuit, read_mode=link)",
     "cachefs_mount_read_file": "tf.data tf.io.read_file on the mount (RAM tier, no page cache)",
     "blockfiles_read_file": "tf.io.read_file on block files, unverified (reference only)",
+    "tmpfs_read_file_last": "tf.data tf.io.read_file on tmpfs again, last (reference only)",
 }
 
 
@@ -263,6 +264,8 @@ def run(args) -> dict:
         ]
         if len(block_files) == total_files:
             repeat("blockfiles_read_file", lambda: read_file_dataset(block_files, args.seed))
+        # The limit once more, last: a slower machine (or process) late in the run shows here.
+        repeat("tmpfs_read_file_last", lambda: read_file_dataset(tmpfs_paths, args.seed))
         worker_fuse_no_open = worker.client.status().get("fuse_no_open")
     finally:
         if worker is not None:

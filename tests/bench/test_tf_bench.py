@@ -112,6 +112,7 @@ def test_a_tiny_run_reads_every_file_in_every_pass(tmp_path):
         "cachefs_warm_link",
         "cachefs_mount_read_file",
         "blockfiles_read_file",
+        "tmpfs_read_file_last",
     ]
     assert all(p["files"] == 40 for p in results["passes"])
     for warm in results["passes"][2:4]:
