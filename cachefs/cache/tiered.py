@@ -592,21 +592,14 @@ class TieredBlockCache:
     # --- introspection and lifecycle ------------------------------------------------------------
 
     def block_path(self, key: BlockKey) -> str | None:
-        """Path of the block's file. The short-circuit reader reads it directly, so this counts
-        as an access for the LRU order."""
-        self._check_open()
-        raw = key.raw
-        value = self._index.get(raw)
-        if value is None:
-            return None
-        self._touch(raw)
-        entry = Entry.unpack(value)
-        return self._tier_by_id[entry.tier_id].block_path(raw, entry.file_id)
+        """Path of the block's file (see :meth:`block_file`)."""
+        found = self.block_file(key)
+        return None if found is None else found.path
 
     def block_file(self, key: BlockKey) -> BlockFile | None:
         """The block's file with the size and checksum it was admitted with, for short-circuit
-        readers (who verify both: the file may be removed or replaced after this answer).
-        Counts as an access for the LRU order, like ``block_path``."""
+        readers (who verify both: the file may be removed or replaced after this answer). A
+        reader reads the file directly, so this counts as an access for the LRU order."""
         self._check_open()
         raw = key.raw
         value = self._index.get(raw)
