@@ -81,18 +81,15 @@ from fastapi import APIRouter, Request, Response
 from cachefs.errors import DatasetNotFound
 
 from .manager import JobNotFound
+from .pods import DATASET_KEY, JOB_KEY, job_id, setting, strings
 
 if TYPE_CHECKING:
     from .cluster import Cluster
 
 log = logging.getLogger("coordinator.extender")
 
-DATASET_KEY = "cachefs.io/dataset"
 LOCALITY_KEY = "cachefs.io/locality"
-JOB_KEY = "cachefs.io/job"
 NODE_LABEL = "cachefs.io/node"
-# The Job controller sets both; the prefixed one since Kubernetes 1.27.
-JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 MAX_EXTENDER_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 # A running job's copy members score COPY_FLOOR..10 and other nodes 0..COPY_FLOOR-1.
 COPY_FLOOR = 5
@@ -169,7 +166,7 @@ def parse_extender_args(body: bytes | str) -> ExtenderArgs:
             name = _node_name(item)
             if name is None:
                 raise MalformedArgs("a node in Nodes.items has no metadata.name")
-            labels = _strings(item["metadata"].get("labels"))
+            labels = strings(item["metadata"].get("labels"))
             cachefs_ids[name] = labels.get(NODE_LABEL, "").strip() or name
         node_list = {**node_list, "items": items}
     if node_names is None and node_list is None:
@@ -186,35 +183,21 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     """The dataset, locality and job a v1.Pod names (see the module's docstring)."""
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
-    labels, annotations = _strings(meta.get("labels")), _strings(meta.get("annotations"))
     namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else ""
     name = meta.get("name") if isinstance(meta.get("name"), str) else ""
     namespace = namespace or "default"
 
-    def setting(key: str) -> str | None:
-        return (annotations.get(key) or "").strip() or (labels.get(key) or "").strip() or None
-
-    dataset = setting(DATASET_KEY)
+    dataset = setting(meta, DATASET_KEY)
     notes = []
-    wanted = (setting(LOCALITY_KEY) or "preferred").lower()
+    wanted = (setting(meta, LOCALITY_KEY) or "preferred").lower()
     locality: LocalityMode = "required" if wanted == "required" else "preferred"
     if wanted not in ("required", "preferred"):
         notes.append(f"{LOCALITY_KEY}={wanted[:64]!r} is neither required nor preferred")
-    job = setting(JOB_KEY)
+    # A job is looked up when the pod names one, or names a dataset (then it is derived).
+    job = setting(meta, JOB_KEY)
     if job is None and dataset is not None:
-        owner = next((labels[k].strip() for k in JOB_NAME_LABELS if labels.get(k, "").strip()), "")
-        owner = owner or _controller_name(meta) or name
-        job = f"{namespace}.{owner}" if owner else None
+        job = job_id(meta, namespace, name)
     return PodRequest(namespace, name, dataset, locality, job, tuple(notes))
-
-
-def _controller_name(meta: Mapping[str, Any]) -> str:
-    refs = meta.get("ownerReferences")
-    for ref in refs if isinstance(refs, list) else ():
-        if isinstance(ref, dict) and ref.get("controller") is True:
-            name = ref.get("name")
-            return name if isinstance(name, str) else ""
-    return ""
 
 
 def _field(obj: Mapping[str, Any], name: str) -> Any:
@@ -233,13 +216,6 @@ def _node_name(item: Any) -> str | None:
     meta = item.get("metadata") if isinstance(item, dict) else None
     name = meta.get("name") if isinstance(meta, dict) else None
     return name if isinstance(name, str) and name else None
-
-
-def _strings(value: Any) -> dict[str, str]:
-    """A label or annotation map, without entries that are not strings."""
-    if not isinstance(value, dict):
-        return {}
-    return {k: v for k, v in value.items() if isinstance(v, str)}
 
 
 def _reject_constant(name: str) -> Any:

@@ -17,18 +17,15 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from coordinator.pods import DATASET_KEY, job_id, setting
+
 # --- the names the scaler reads and writes on Kubernetes objects ----------------------------------
 
-#: Pod annotation (or label; the annotation wins) naming the cachefs dataset the pod reads.
-DATASET_KEY = "cachefs.io/dataset"
-#: Pod annotation (or label) naming the copy of the dataset the pod reads (optional).
+# Pods name their dataset (DATASET_KEY) and job (cachefs.io/job) as the scheduler extender reads
+# them (coordinator.pods). The job's copy is the pod's copy when the pod names no copy itself.
+#: Pod annotation (or label; the annotation wins) naming the copy of the dataset the pod reads
+#: (optional).
 COPY_KEY = "cachefs.io/copy"
-#: Pod annotation (or label) naming the pod's cachefs job (``POST /v1/jobs``); without it the
-#: job id is derived from the pod's owner, as the scheduler extender derives it. The job's copy
-#: is the pod's copy when the pod names no copy itself.
-JOB_KEY = "cachefs.io/job"
-#: The Job controller's labels naming a pod's Job (the prefixed one since Kubernetes 1.27).
-JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 #: Node label the worker DaemonSet selects on.
 WORKER_LABEL = "cachefs.io/worker"
 WORKER_LABEL_VALUE = "true"
@@ -72,49 +69,13 @@ class TrainingPod:
     job: str | None  # the pod's cachefs job id (named or derived from its owner)
 
 
-def _tag(meta: Mapping, key: str) -> str | None:
-    """An annotation, else a label of the same name, stripped (the annotation wins: it is the
-    free-form, per-pod setting; the scheduler extender reads pods the same way)."""
-    for source in (meta.get("annotations"), meta.get("labels")):
-        value = source.get(key) if isinstance(source, Mapping) else None
-        if isinstance(value, str) and value.strip():
-            return value.strip()
-    return None
-
-
-def _job_of(meta: Mapping, namespace: str, name: str) -> str:
-    """The pod's cachefs job id, derived as the scheduler extender derives it
-    (``coordinator.extender.parse_pod``): ``cachefs.io/job``, else ``<namespace>.<owner>``
-    where the owner is the Job controller's job-name label, else the controlling owner
-    reference, else the pod itself."""
-    explicit = _tag(meta, JOB_KEY)
-    if explicit is not None:
-        return explicit
-    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
-    owner = next(
-        (
-            labels[k].strip()
-            for k in JOB_NAME_LABELS
-            if isinstance(labels.get(k), str) and labels[k].strip()
-        ),
-        "",
-    )
-    if not owner:
-        refs = meta.get("ownerReferences")
-        for ref in refs if isinstance(refs, list) else ():
-            if isinstance(ref, Mapping) and ref.get("controller") is True:
-                owner = ref.get("name") if isinstance(ref.get("name"), str) else ""
-                break
-    return f"{namespace or 'default'}.{owner or name}"
-
-
 def training_pod(pod: Mapping) -> TrainingPod | None:
     """The pod as a training pod of a dataset, or None when it names no dataset or does not hold
     a node: not scheduled yet (no ``spec.nodeName``), finished (Succeeded/Failed) or being
     deleted (``deletionTimestamp``). A Pending pod already bound to a node counts: its node
     needs the worker before the pod can read."""
     meta = pod.get("metadata") or {}
-    dataset = _tag(meta, DATASET_KEY)
+    dataset = setting(meta, DATASET_KEY)
     if dataset is None or meta.get("deletionTimestamp"):
         return None
     node = (pod.get("spec") or {}).get("nodeName")
@@ -128,8 +89,8 @@ def training_pod(pod: Mapping) -> TrainingPod | None:
         name=name,
         node=node,
         dataset=dataset,
-        copy=_tag(meta, COPY_KEY),
-        job=_job_of(meta, namespace, name),
+        copy=setting(meta, COPY_KEY),
+        job=job_id(meta, namespace, name),
     )
 
 
