@@ -781,7 +781,7 @@ class Worker(WorkerAPI):
                 f"{MAX_PATHS_PER_REQUEST} per request"
             )
         files: list[dict[str, Any]] = []
-        block_size = None
+        mounted = None
         for start in range(0, len(paths), _RESOLVE_SLICE):
             if start:
                 await trio.sleep(0)  # let FUSE requests in between slices
@@ -790,8 +790,9 @@ class Worker(WorkerAPI):
                 raise DatasetNotFound(f"no dataset named {dataset!r}")
             source = mounted.source
             block_size = source.block_size
-            for path in paths[start : start + _RESOLVE_SLICE]:
-                entry = mounted.snapshot.resolve(path.strip("/"))
+            batch = paths[start : start + _RESOLVE_SLICE]
+            entries = mounted.snapshot.resolve_many([path.strip("/") for path in batch])
+            for path, entry in zip(batch, entries, strict=True):
                 if entry is None or entry.is_dir:
                     files.append({"path": path, "error": "not a file" if entry else "not found"})
                     continue
@@ -807,15 +808,18 @@ class Worker(WorkerAPI):
                 files.append(
                     {"path": path, "size": entry.size, "etag": entry.etag, "blocks": blocks}
                 )
-        if block_size is None:  # no paths: still say whether the dataset exists
+        if mounted is None:  # no paths: still say whether the dataset exists
             mounted = self.fs.dataset(dataset)
             if mounted is None:
                 raise DatasetNotFound(f"no dataset named {dataset!r}")
-            block_size = mounted.source.block_size
         return {
             "dataset": dataset,
             "mount_root": os.path.join(self.config.mountpoint, dataset),
-            "block_size": block_size,
+            "block_size": mounted.source.block_size,
+            # The snapshot the last paths were looked up in (a new name after every refresh;
+            # the earlier paths of this answer were looked up in it or an older one): a reader
+            # keeping layouts between epochs asks again when it changes.
+            "snapshot": os.path.basename(mounted.snapshot.path),
             "files": files,
         }
 

@@ -23,6 +23,13 @@ def assert_snapshot_matches(snapshot: Snapshot, model: Model, result: BuildResul
     assert (root.ino, root.parent, root.name, root.is_dir) == (ROOT, ROOT, b"", True)
     assert snapshot.resolve("") == root
 
+    # The batch resolve answers as resolve does, for every path and for paths that are not
+    # there: under a file, empty components, a trailing slash, a missing name.
+    questions = list(entries)
+    questions += [f"{path}/x" for path in entries] + [f"{path}/" for path in entries]
+    questions += ["nope", "a//b", "/a", "nope/deeper/still"]
+    assert snapshot.resolve_many(questions) == [snapshot.resolve(path) for path in questions]
+
     for path, entry in entries.items():
         assert 0 < entry.ino < LOCAL_INO_LIMIT
         assert snapshot.getattr(entry.ino) == entry
