@@ -6,9 +6,9 @@ cd "$(dirname "$0")/.."
 
 # etcd-server: the tests run their own etcd on free ports (tests/fakes/etcd.py); a system etcd
 # service that apt may start is not used. s3fs and rclone: the peers of the benchmark suite
-# (bench/suite), also mounted by its tests.
+# (bench/suite), also mounted by its tests. g++ and libxxhash-dev: tf_dataset's native kernels.
 need_apt=()
-for pkg in fuse3 libfuse3-dev pkg-config etcd-server iptables s3fs rclone; do
+for pkg in fuse3 libfuse3-dev pkg-config etcd-server iptables s3fs rclone g++ libxxhash-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
@@ -31,4 +31,7 @@ fi
 # pyfuse3 with a one-line patch that enables FUSE no-open mode (see the script's docstring);
 # cachefs also runs on the stock pyfuse3, only slower.
 .venv/bin/python third_party/pyfuse3/build.py
+# tf_dataset's short-circuit kernels (tf_dataset/native), for the installed TensorFlow; without
+# them tf_dataset reads in Python, several times slower. Quick when already built.
+.venv/bin/python -m tf_dataset.native
 echo "setup: ready (.venv/bin/cachefs)" >&2

@@ -1,22 +1,38 @@
 """tf.data pipelines over a cachefs dataset: file contents (:func:`dataset`) and TFRecord
 records (:func:`tfrecord_dataset`).
 
-How :func:`dataset` runs, per epoch (each new iterator is the next epoch: Keras ``fit`` makes
-one per epoch):
+How :func:`dataset` runs. Each new iterator is the next epoch (Keras ``fit`` makes one per
+epoch):
 
-1. A Python generator (``tf.data.Dataset.from_generator``) computes the epoch's order
-   (``order.py``: seeded uniform shuffle, local files first within windows). For each window it
-   asks the worker, in one batch request, where the files' blocks are, and sends its uncached
-   files as a prefetch hint; both happen one window ahead, in a thread, so the worker fetches
-   them while the window before is read. Before yielding a window it asks again about the files
-   that were not cached (the prefetch may have brought them in since), so those are
-   short-circuited too.
-2. The generator yields chunks of ``chunk`` paths; the layouts stay in Python, under the chunk's
-   token. ``map(read_chunk, num_parallel_calls=AUTOTUNE)`` reads chunks in parallel with a
-   ``tf.numpy_function``: one Python call per chunk, not per file, and file reads (``os.read``)
-   release the GIL. Blocks cached here are read from their files and verified (xxh3_64), the
-   rest through the mount (``reader.py``).
-3. ``unbatch`` gives one element per file, in the epoch's order (``deterministic=True``).
+1. ``range(windows).scan(...)``: the first window of each iterator takes the next epoch number,
+   so two iterators open at once each keep their own epoch.
+2. ``map(plan_window)``, kept one window ahead by ``prefetch``: a ``tf.numpy_function`` gives the
+   window's files in the epoch's order (``order.py``: a seeded uniform shuffle, files cached here
+   first within each window) with, for those cached here, their block files, lengths and
+   checksums. Where blocks are is kept from one epoch to the next (:class:`LocalBlocks`, numpy
+   columns: planning a window is a few vector operations, not Python per file): the worker is
+   asked only about files not known to be cached here — all of them in the first epoch, then
+   the ones that were not cached or whose block files failed. The files of the next window not
+   known to be cached here go to the worker as a prefetch hint.
+3. ``flat_map`` cuts each window into chunks of ``chunk`` files, and ``map(read, AUTOTUNE)``
+   reads chunks in parallel: blocks cached here from their files, each verified (xxh3_64), the
+   rest through the mount. The reading *engine* is the native kernel ``CachefsReadFiles``
+   (``native/``: C++, no GIL, one copy) or its Python reference (``reader.read_chunk`` in a
+   ``tf.numpy_function``), same arguments and results. A small ``numpy_function`` per chunk
+   counts the reads and forgets files whose block files failed. ``unbatch`` gives one element
+   per file, in order.
+
+Why no ``tf.data.Dataset.from_generator``: the first time a generator dataset runs,
+TensorFlow sets glibc's ``M_TRIM_THRESHOLD`` for the whole process, which also freezes the
+mmap threshold at 128 KiB. Every larger buffer after that — most image files — is mmapped and
+unmapped again, and a plain ``tf.io.read_file`` pipeline over tmpfs in the same process ran
+2.4x slower here (bench/README.md, "tf_bench"). ``numpy_function`` does not do that.
+
+Snapshots: a refresh of the dataset makes the worker serve a new snapshot (changed files get
+new block keys). Each epoch starts by asking the worker for its snapshot; when it changed, every
+known layout is forgotten (an old layout can name a block of the old version, which would still
+verify). Answers about another snapshot than the epoch's are not kept: those files are read
+through the mount, which serves the current version.
 
 The worker being down or refusing never fails the pipeline by itself: resolves and hints that
 fail mean "read through the mount" (which fails only if the mount itself is gone).
@@ -26,33 +42,143 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
-import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from tf_dataset.order import DEFAULT_WINDOW, epoch_order, epoch_permutation, local_first, windows
-from tf_dataset.reader import BlockLinks, FileLayout, ShortCircuitReader, list_files
+from tf_dataset import native
+from tf_dataset.order import DEFAULT_WINDOW, epoch_order, epoch_permutation
+from tf_dataset.reader import CachedBlock, ShortCircuitReader, list_files, read_chunk
 
 log = logging.getLogger(__name__)
 
-#: How files cached here are read: "link" — the generator hard-links each verified block file
-#: into a private directory and TensorFlow's C++ reader reads the link (one copy, no Python per
-#: file); "python" — a tf.numpy_function reads and verifies the block files (a second copy
-#: into the tensor, and the GIL).
-READ_MODES = ("link", "python")
+#: Epoch orders kept (each is one int64 per file): the current epoch's, and the one before for
+#: an iterator still finishing it.
+ORDERS_KEPT = 2
 
-#: Chunks whose layouts wait for their read (an abandoned iterator leaves some behind: past this
-#: many the oldest are forgotten, and such a chunk is resolved again when read).
-MAX_PENDING_CHUNKS = 4096
+#: How files are read: "native" (the C++ kernels, built by ``python -m tf_dataset.native``),
+#: "python" (the reference engine), or "auto" (native when built for this TensorFlow).
+ENGINES = ("auto", "native", "python")
+
+#: TFRecord shards larger than this are read through the mount even when cached here: a
+#: short-circuited shard is read whole into memory before its first record is given out.
+DEFAULT_MAX_SHORT_CIRCUIT_SHARD = 512 << 20
+
+_warned_python_engine = False
 
 
-class EpochSource:
-    """The generator side of :func:`dataset` and the read function of its ``map``."""
+def _object_array(items: Sequence) -> np.ndarray:
+    """A 1-d object array of ``items`` (``np.array`` would make a 2-d one of equal tuples)."""
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+def _ranges(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``first[i] .. first[i] + count[i]`` for every i, concatenated, and where each
+    ``i``'s rows start in that (``splits``, one more item than ``first``)."""
+    splits = np.zeros(len(count) + 1, dtype=np.int64)
+    np.cumsum(count, out=splits[1:])
+    rows = np.repeat(first - splits[:-1], count) + np.arange(splits[-1], dtype=np.int64)
+    return rows, splits
+
+
+class LocalBlocks:
+    """Which files are known to be cached on this node, and where their blocks are: per file a
+    range of rows in append-only block columns (file, length, xxh3_64).
+
+    A file resolved again or forgotten leaves its old rows behind; when they outnumber the
+    live ones, the columns are compacted. Not thread-safe: :class:`EpochPlan` holds its lock
+    around every call."""
+
+    #: Rows of garbage allowed beyond the live ones before growing the columns compacts them.
+    COMPACT_SLACK = 1024
+
+    def __init__(self, count: int):
+        self.known = np.zeros(count, dtype=bool)
+        self._first = np.zeros(count, dtype=np.int64)
+        self._count = np.zeros(count, dtype=np.int64)
+        self._rows = 0  # rows in use, garbage included
+        self._live = 0  # rows of known files
+        self._files = np.empty(0, dtype=object)
+        self._lengths = np.empty(0, dtype=np.int64)
+        self._checksums = np.empty(0, dtype=np.uint64)
+
+    def learn(self, indices: Sequence[int], layouts: Sequence[Sequence[CachedBlock]]) -> None:
+        """Files ``indices`` are cached here, each in its blocks (all of them, in order)."""
+        if not indices:
+            return
+        self.forget(np.asarray(indices, dtype=np.int64))
+        counts = np.fromiter((len(blocks) for blocks in layouts), np.int64, len(layouts))
+        added = int(counts.sum())
+        if self._rows + added > len(self._files):
+            if self._rows > 2 * self._live + self.COMPACT_SLACK:
+                self._compact()
+            if self._rows + added > len(self._files):
+                self._grow(max(2 * len(self._files), self._rows + added, self.COMPACT_SLACK))
+        blocks = [block for file_blocks in layouts for block in file_blocks]
+        rows = slice(self._rows, self._rows + added)
+        self._files[rows] = _object_array([os.fsencode(block.file) for block in blocks])
+        self._lengths[rows] = [block.length for block in blocks]
+        self._checksums[rows] = [block.checksum for block in blocks]
+        firsts = self._rows + np.cumsum(counts) - counts
+        self._first[indices], self._count[indices] = firsts, counts
+        self._rows += added
+        self._live += added
+        self.known[indices] = True
+
+    def forget(self, indices: np.ndarray) -> None:
+        held = indices[self.known[indices]]
+        self._live -= int(self._count[held].sum())
+        self.known[held] = False
+
+    def forget_all(self) -> None:
+        self.known[:] = False
+        self._rows = self._live = 0
+
+    def gather(self, indices: np.ndarray):
+        """For the files ``indices``, in that order: whether each is known to be cached here,
+        where its rows start (``splits``), and the block columns of those rows (checksums as
+        int64, as TensorFlow carries them)."""
+        local = self.known[indices]
+        rows, splits = _ranges(self._first[indices], np.where(local, self._count[indices], 0))
+        return (
+            local,
+            splits,
+            self._files[rows],
+            self._lengths[rows],
+            self._checksums[rows].view(np.int64),
+        )
+
+    def _compact(self) -> None:
+        held = np.flatnonzero(self.known)
+        rows, splits = _ranges(self._first[held], self._count[held])
+        for column in (self._files, self._lengths, self._checksums):
+            column[: len(rows)] = column[rows]  # a fancy index copies first: no overlap issue
+        self._first[held] = splits[:-1]
+        self._rows = len(rows)
+
+    def _grow(self, capacity: int) -> None:
+        def grown(column: np.ndarray) -> np.ndarray:
+            bigger = np.empty(capacity, dtype=column.dtype)
+            bigger[: self._rows] = column[: self._rows]
+            return bigger
+
+        self._files = grown(self._files)
+        self._lengths = grown(self._lengths)
+        self._checksums = grown(self._checksums)
+
+
+class EpochPlan:
+    """The Python side of :func:`dataset`: epoch orders, what is cached here, the accounting.
+
+    Thread-safe: tf.data calls :meth:`account` from several threads at once, while
+    :meth:`window_files` runs (in order, one window after the other) in another. The worker is
+    asked outside the lock. Memory: ~100 bytes per file, plus one row per cached block."""
 
     def __init__(
         self,
@@ -62,156 +188,160 @@ class EpochSource:
         seed: int,
         shuffle: bool,
         window: int,
-        chunk: int,
         hints: bool,
-        read_mode: str = "python",
-        first_epoch: int = 0,
     ):
-        if chunk < 1 or window < 1:
-            raise ValueError("chunk and window must be >= 1")
-        if read_mode not in READ_MODES:
-            raise ValueError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
-        self.read_mode = read_mode
-        # link mode: verified hard links to block files, read by TensorFlow's C++ reader.
-        self.links = BlockLinks() if read_mode == "link" else None
-        if self.links is not None:
-            weakref.finalize(self, self.links.close)
-        self._linked: OrderedDict[int, list[str]] = OrderedDict()
+        if window < 1:
+            raise ValueError("window must be >= 1")
         self.reader = reader
         self.paths = list(paths)
+        self.names = _object_array([os.fsencode(path) for path in self.paths])
+        self.mount_root = os.fsencode(reader.mount_root)
         self.seed = seed
         self.shuffle = shuffle
         self.window = window
-        self.chunk = chunk
         self.hints = hints
-        self._next_epoch = first_epoch
-        self._tokens = itertools.count()
+        self.window_count = -(-len(self.paths) // window)
+        self._epochs = itertools.count()
         self._lock = threading.Lock()
-        self._pending: OrderedDict[int, list[FileLayout | None]] = OrderedDict()
+        self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._local = LocalBlocks(len(self.paths))
+        self._snapshot: str | None = None  # the worker's snapshot when the last epoch began
 
-    def __call__(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """One epoch: (token, paths, what to read) per chunk. Called by tf.data for every new
-        iterator."""
+    def next_epoch(self) -> np.int64:
+        """The epoch number of a new iterator (0, 1, … in the order iterators start). Asks the
+        worker for its snapshot of the dataset (one request): layouts of another are dropped."""
+        snapshot = self.reader.snapshot()
         with self._lock:
-            epoch = self._next_epoch
-            self._next_epoch += 1
-        count = len(self.paths)
-        if self.shuffle:
-            order = epoch_permutation(count, seed=self.seed, epoch=epoch)
-        else:
-            order = np.arange(count)
-        parts = list(windows(order, self.window))
-        # The next window is resolved (and hinted) in a thread while this one is read: the
-        # request waits on the worker, another process, without holding the GIL.
-        with ThreadPoolExecutor(1, thread_name_prefix="tf_dataset-resolve") as resolver:
-            ahead = resolver.submit(self._resolve_and_hint, parts[0]) if parts else None
-            for number, part in enumerate(parts):
-                layouts = ahead.result()
-                if number + 1 < len(parts):
-                    ahead = resolver.submit(self._resolve_and_hint, parts[number + 1])
-                if number:  # resolved a window ago: the hint may have brought files in since
-                    layouts = self._refresh_remote(part, layouts)
-                if self.shuffle:
-                    by_index = dict(zip(part, layouts, strict=True))
-                    part = local_first(part, [_is_local(by_index[i]) for i in part])
-                    layouts = [by_index[i] for i in part]
-                for start in range(0, len(part), self.chunk):
-                    token = next(self._tokens)
-                    names = [self.paths[i] for i in part[start : start + self.chunk]]
-                    chunk_layouts = layouts[start : start + self.chunk]
-                    names_array = np.array(names, dtype=object)
-                    if self.links is not None:
-                        targets = self._link_chunk(token, names, chunk_layouts)
-                        yield token, names_array, np.array(targets, dtype=object)
-                        continue
-                    with self._lock:
-                        self._pending[token] = chunk_layouts
-                        while len(self._pending) > MAX_PENDING_CHUNKS:
-                            self._pending.popitem(last=False)
-                    yield token, names_array, names_array
+            epoch = next(self._epochs)
+            if snapshot is not None and snapshot != self._snapshot:
+                self._local.forget_all()
+                self._snapshot = snapshot
+        return np.int64(epoch)
 
-    def _link_chunk(
-        self, token: int, names: list[str], layouts: list[FileLayout | None]
-    ) -> list[str]:
-        """What TensorFlow reads for each file of a chunk: a verified link to its block file
-        (a one-block file cached here), else its path under the mount."""
-        targets, links = [], []
-        linked_bytes = fallbacks = 0
-        for name, layout in zip(names, layouts, strict=True):
-            target = None
-            if layout is not None and layout.local and len(layout.blocks) == 1:
-                target = self.links.link(layout.blocks[0])
-                if target is None:
-                    fallbacks += 1
-                else:
-                    links.append(target)
-                    linked_bytes += layout.size
-            targets.append(target or self.reader.mount_path(name))
-        mount_files = len(names) - len(links)
+    def window_files(self, epoch: np.int64, number: np.int64):
+        """Window ``number`` of ``epoch``, in the order its files are read: their indices and
+        names, and (:meth:`LocalBlocks.gather`) which are cached here and in which blocks."""
+        order = self._order(int(epoch))
+        start = int(number) * self.window
+        part = order[start : start + self.window]
+        following = order[start + self.window : start + 2 * self.window]
+        # This window's files not known to be cached here: in the first window all of them;
+        # later, those the resolve a window ago found uncached (its hint may have brought them
+        # in since). Then the next window, so that only its files really not cached here are
+        # hinted (a warm epoch sends no hints, and each file is resolved once).
+        self._resolve(part)
+        self._resolve(following)
+        if self.hints:
+            if not number:  # nothing hinted it a window ago: fetch it alongside the reads
+                self._hint(part)
+            self._hint(following)
+        with self._lock:
+            if self.shuffle:  # order.local_first: a stable partition, local files first
+                here = self._local.known[part]
+                part = np.concatenate([part[here], part[~here]])
+            local, splits, files, lengths, checksums = self._local.gather(part)
+        return part, self.names[part], local, splits, files, lengths, checksums
+
+    def account(
+        self, indices: np.ndarray, local: np.ndarray, fell_back: np.ndarray, sizes: np.ndarray
+    ) -> np.bool_:
+        """Count one chunk's reads; forget the files whose block files failed (evicted or
+        damaged since they were resolved: the worker is asked again next time)."""
+        short = local & ~fell_back
         self.reader.stats.add(
-            short_circuit_files=len(links),
-            short_circuit_bytes=linked_bytes,
-            fallback_files=fallbacks,
-            mount_files=mount_files,
+            short_circuit_files=int(short.sum()),
+            short_circuit_bytes=int(sizes[short].sum()),
+            fallback_files=int(fell_back.sum()),
+            mount_files=int((~short).sum()),
+            mount_bytes=int(sizes[~short].sum()),
         )
-        with self._lock:
-            self._linked[token] = links
-            while len(self._linked) > MAX_PENDING_CHUNKS:  # abandoned iterators' chunks
-                _, stale = self._linked.popitem(last=False)
-                self.links.release(stale)
-        return targets
-
-    def release_chunk(self, token: np.int64) -> np.bool_:
-        """Remove a chunk's links once TensorFlow has read it."""
-        with self._lock:
-            links = self._linked.pop(int(token), [])
-        self.links.release(links)
+        if fell_back.any():
+            with self._lock:
+                self._local.forget(indices[fell_back])
         return np.bool_(True)
 
-    def _resolve_and_hint(self, indices: list[int]) -> list[FileLayout | None]:
-        layouts = self._resolve(indices)
-        self._hint(indices, layouts)
-        return layouts
-
-    def _resolve(self, indices: list[int]) -> list[FileLayout | None]:
-        return self.reader.resolve([self.paths[i] for i in indices])
-
-    def _hint(self, indices: list[int], layouts: list[FileLayout | None]) -> None:
-        if self.hints:
-            remote = [
-                self.paths[i] for i, lay in zip(indices, layouts, strict=True) if not _is_local(lay)
-            ]
-            self.reader.hint(remote)
-
-    def _refresh_remote(
-        self, indices: list[int], layouts: list[FileLayout | None]
-    ) -> list[FileLayout | None]:
-        """Ask again about the files not cached here when they were resolved (a window ago):
-        the prefetch hint may have brought them in since."""
-        remote = [k for k, lay in enumerate(layouts) if not _is_local(lay)]
-        if not remote or not self.hints:
-            return layouts
-        fresh = self.reader.resolve([self.paths[indices[k]] for k in remote])
-        layouts = list(layouts)
-        for k, layout in zip(remote, fresh, strict=True):
-            if layout is not None:
-                layouts[k] = layout
-        return layouts
-
-    def read_chunk(self, token: np.int64, names: np.ndarray) -> np.ndarray:
-        """The contents of one chunk's files (runs in a tf.data thread)."""
-        paths = [name.decode() if isinstance(name, bytes) else str(name) for name in names]
+    def _order(self, epoch: int) -> np.ndarray:
         with self._lock:
-            layouts = self._pending.pop(int(token), None)
-        if layouts is None:  # forgotten (see MAX_PENDING_CHUNKS): ask again
-            layouts = self.reader.resolve(paths)
-        contents = np.empty(len(paths), dtype=object)
-        contents[:] = self.reader.read_many(paths, layouts)
-        return contents
+            order = self._orders.get(epoch)
+            if order is None:
+                count = len(self.paths)
+                order = (
+                    epoch_permutation(count, seed=self.seed, epoch=epoch)
+                    if self.shuffle
+                    else np.arange(count)
+                ).astype(np.int64)
+                self._orders[epoch] = order
+                while len(self._orders) > ORDERS_KEPT:
+                    self._orders.popitem(last=False)
+            return order
+
+    def _resolve(self, indices: np.ndarray) -> None:
+        """Ask the worker about the files of ``indices`` not known to be cached here."""
+        with self._lock:
+            unknown = indices[~self._local.known[indices]].tolist()
+            snapshot = self._snapshot
+        if not unknown:
+            return
+        layouts = self.reader.resolve([self.paths[i] for i in unknown])
+        # Kept only if the answer names the snapshot seen before it was asked: snapshots only
+        # move forward, so then every path of it was looked up in that snapshot.
+        with self._lock:
+            if snapshot != self._snapshot:  # a new epoch saw a new snapshot meanwhile
+                return
+            cached = [
+                (index, layout.blocks)
+                for index, layout in zip(unknown, layouts, strict=True)
+                if layout is not None and layout.local and layout.snapshot == snapshot
+            ]
+            self._local.learn([index for index, _ in cached], [blocks for _, blocks in cached])
+
+    def _hint(self, indices: np.ndarray) -> None:
+        with self._lock:
+            remote = indices[~self._local.known[indices]].tolist()
+        if remote:
+            self.reader.hint([self.paths[i] for i in remote])
 
 
-def _is_local(layout: FileLayout | None) -> bool:
-    return layout is not None and layout.local
+def native_ops(engine: str):
+    """The native kernels for ``engine`` (:data:`ENGINES`), or None: read without them."""
+    global _warned_python_engine
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "python":
+        return None
+    try:
+        return native.load()
+    except native.NativeUnavailable as exc:
+        if engine == "native":
+            raise
+        if not _warned_python_engine:
+            _warned_python_engine = True
+            log.warning("tf_dataset reads without its native kernels (slower): %s", exc)
+        return None
+
+
+def read_engine(engine: str) -> Callable:
+    """The function that reads a chunk of files in a tf.data function, for ``engine``
+    (:data:`ENGINES`): ``(mount_root, names, local, splits, files, lengths, checksums) ->
+    (contents, fell_back)``."""
+    ops = native_ops(engine)
+    if ops is not None:
+        return ops.cachefs_read_files
+
+    def read_in_python(*chunk):
+        contents, fell_back = tf.numpy_function(
+            _read_chunk_arrays, list(chunk), (tf.string, tf.bool), stateful=True
+        )
+        contents.set_shape(chunk[1].shape)
+        fell_back.set_shape(chunk[1].shape)
+        return contents, fell_back
+
+    return read_in_python
+
+
+def _read_chunk_arrays(mount_root, names, local, splits, files, lengths, checksums):
+    contents, failed = read_chunk(mount_root, names, local, splits, files, lengths, checksums)
+    return _object_array(contents), np.array(failed, dtype=bool)
 
 
 def _paths(name: str, files: str | Sequence[str], state_dir: str | None) -> list[str]:
@@ -223,6 +353,37 @@ def _paths(name: str, files: str | Sequence[str], state_dir: str | None) -> list
     return [str(path) for path in files]
 
 
+def _epoch_windows(window_count: int, next_epoch) -> tf.data.Dataset:
+    """(epoch, window number) for every window; each iterator takes its own epoch number."""
+
+    def number_epoch(epoch, number):
+        epoch = tf.cond(
+            tf.equal(number, 0),
+            lambda: tf.reshape(tf.numpy_function(next_epoch, [], tf.int64, stateful=True), []),
+            lambda: epoch,
+        )
+        return epoch, (epoch, number)
+
+    return tf.data.Dataset.range(window_count).scan(tf.constant(-1, tf.int64), number_epoch)
+
+
+def _chunks(window: dict, chunk: int) -> tf.data.Dataset:
+    """A window cut into chunks of ``chunk`` files, each with its own rows of the block
+    columns (so a chunk is self-contained: the arguments of one read)."""
+    count = tf.size(window["index"], out_type=tf.int64)
+
+    def cut(start):
+        stop = tf.minimum(start + chunk, count)
+        first, last = window["splits"][start], window["splits"][stop]
+        part = {key: window[key][start:stop] for key in ("index", "name", "local")}
+        part["splits"] = window["splits"][start : stop + 1] - first
+        for key in ("files", "lengths", "checksums"):
+            part[key] = window[key][first:last]
+        return part
+
+    return tf.data.Dataset.range(0, count, chunk).map(cut)
+
+
 def dataset(
     name: str,
     files: str | Sequence[str],
@@ -230,12 +391,12 @@ def dataset(
     seed: int = 0,
     shuffle: bool = True,
     window: int = DEFAULT_WINDOW,
-    chunk: int = 64,
+    chunk: int = 128,
     with_paths: bool = False,
     hints: bool = True,
     state_dir: str | None = None,
     reader: ShortCircuitReader | None = None,
-    read_mode: str = "python",
+    engine: str = "auto",
     num_parallel_calls: int = tf.data.AUTOTUNE,
     deterministic: bool = True,
 ) -> tf.data.Dataset:
@@ -246,58 +407,160 @@ def dataset(
     ``(seed, epoch number)`` (epoch numbers count iterators from 0), files cached on this node
     first within windows of ``window`` files (see ``order.py``); ``shuffle=False`` keeps the
     given order. ``with_paths``: elements are ``(path, contents)`` (labels usually come from
-    the path). ``hints``: send prefetch hints one window ahead. ``chunk``: files per Python
-    read call. ``state_dir``: the worker's state directory (default as the ``cachefs`` CLI).
+    the path). ``hints``: send prefetch hints one window ahead. ``chunk``: files per read call.
+    ``engine``: see :data:`ENGINES`. ``state_dir``: the worker's state directory (default as
+    the ``cachefs`` CLI).
 
     The dataset's cardinality is the number of files, so Keras knows the steps per epoch.
     ``dataset.reader.stats`` (an attribute added to the returned object) counts files read by
     short-circuit, through the mount, and fallbacks.
     """
+    if chunk < 1:
+        raise ValueError("chunk must be >= 1")
+    read = read_engine(engine)
     paths = _paths(name, files, state_dir)
     reader = reader or ShortCircuitReader(name, state_dir=state_dir)
-    source = EpochSource(
-        reader,
-        paths,
-        seed=seed,
-        shuffle=shuffle,
-        window=window,
-        chunk=chunk,
-        hints=hints,
-        read_mode=read_mode,
-    )
-    chunks = tf.data.Dataset.from_generator(
-        source,
-        output_signature=(
-            tf.TensorSpec(shape=(), dtype=tf.int64),
-            tf.TensorSpec(shape=(None,), dtype=tf.string),  # paths in the dataset
-            tf.TensorSpec(shape=(None,), dtype=tf.string),  # what to read (link mode)
-        ),
-    )
+    plan = EpochPlan(reader, paths, seed=seed, shuffle=shuffle, window=window, hints=hints)
+    mount_root = tf.constant(plan.mount_root)
 
-    def read_chunk(token, names, _targets):
-        contents = tf.numpy_function(source.read_chunk, [token, names], tf.string, stateful=True)
-        contents.set_shape([None])
-        return (names, contents) if with_paths else contents
+    def plan_window(epoch, number):
+        columns = tf.numpy_function(
+            plan.window_files,
+            [epoch, number],
+            (tf.int64, tf.string, tf.bool, tf.int64, tf.string, tf.int64, tf.int64),
+            stateful=True,
+        )
+        keys = ("index", "name", "local", "splits", "files", "lengths", "checksums")
+        window = dict(zip(keys, columns, strict=True))
+        for column in window.values():
+            column.set_shape([None])
+        return window
 
-    def read_linked_chunk(token, names, targets):
-        # TensorFlow's C++ reader, one file after the other within a chunk (chunks in
-        # parallel): verified links to block files, or paths under the mount.
-        contents = tf.map_fn(tf.io.read_file, targets, fn_output_signature=tf.string)
-        with tf.control_dependencies([contents]):  # the links go only after the reads
-            released = tf.numpy_function(source.release_chunk, [token], tf.bool, stateful=True)
-        with tf.control_dependencies([released]):
+    def read_chunk_files(part):
+        contents, fell_back = read(
+            mount_root,
+            part["name"],
+            part["local"],
+            part["splits"],
+            part["files"],
+            part["lengths"],
+            part["checksums"],
+        )
+        sizes = tf.strings.length(contents, unit="BYTE")
+        counted = tf.numpy_function(
+            plan.account,
+            [part["index"], part["local"], fell_back, tf.cast(sizes, tf.int64)],
+            tf.bool,
+            stateful=True,
+        )
+        with tf.control_dependencies([counted]):
             contents = tf.identity(contents)
-        return (names, contents) if with_paths else contents
+        return (part["name"], contents) if with_paths else contents
 
-    files_ds = chunks.map(
-        read_linked_chunk if read_mode == "link" else read_chunk,
-        num_parallel_calls=num_parallel_calls,
-        deterministic=deterministic,
-    ).unbatch()
-    files_ds = files_ds.apply(tf.data.experimental.assert_cardinality(len(paths)))
+    files_ds = (
+        _epoch_windows(plan.window_count, plan.next_epoch)
+        .map(plan_window)
+        .prefetch(1)  # the next window is planned (and hinted) while this one is read
+        .flat_map(lambda window: _chunks(window, chunk))
+        .map(read_chunk_files, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
+        .unbatch()
+        .apply(tf.data.experimental.assert_cardinality(len(paths)))
+    )
     files_ds.reader = reader  # for stats; tf.data.Dataset objects take attributes
-    files_ds.source = source
+    files_ds.plan = plan
     return files_ds
+
+
+class ShardPlan:
+    """The Python side of :func:`tfrecord_dataset`: each epoch's shard order, where each
+    shard's blocks are, and prefetch hints sent as shards are opened."""
+
+    def __init__(
+        self,
+        reader: ShortCircuitReader,
+        paths: Sequence[str],
+        *,
+        seed: int,
+        shuffle: bool,
+        window: int,
+        cycle_length: int,
+        hint_shards: int,
+        hints: bool,
+        max_short_circuit: int,
+    ):
+        self.reader = reader
+        self.paths = list(paths)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.window = window
+        self.cycle_length = cycle_length
+        self.hint_shards = hint_shards
+        self.hints = hints
+        self.max_short_circuit = max_short_circuit
+        self._epochs = itertools.count()
+        self._lock = threading.Lock()
+        # epoch → (order, layouts, the shards hinted so far)
+        self._epoch_state: OrderedDict[int, tuple[list[int], list, set[int]]] = OrderedDict()
+
+    def begin_epoch(self) -> tuple[np.int64, np.ndarray]:
+        """A new iterator's epoch number and the positions of its shards (0, 1, …)."""
+        layouts = self.reader.resolve(self.paths)
+        local = [layout is not None and layout.local for layout in layouts]
+        with self._lock:
+            epoch = next(self._epochs)
+            order = epoch_order(
+                local, seed=self.seed, epoch=epoch, window=self.window, shuffle=self.shuffle
+            )
+            self._epoch_state[epoch] = (order, layouts, set())
+            while len(self._epoch_state) > ORDERS_KEPT:
+                self._epoch_state.popitem(last=False)
+        return np.int64(epoch), np.arange(len(order), dtype=np.int64)
+
+    def open_shard(self, epoch: np.int64, position: np.int64):
+        """The shard at ``position`` of ``epoch``'s order: its path under the mount, whether to
+        read it from its block files, and those blocks (files, lengths, checksums). Hints the
+        next ``hint_shards`` uncached shards after the ones being read."""
+        with self._lock:
+            state = self._epoch_state.get(int(epoch))
+            if state is None:  # forgotten under ORDERS_KEPT iterators opened after it
+                raise RuntimeError(f"epoch {int(epoch)} of this tfrecord_dataset is no longer open")
+            order, layouts, hinted = state
+            start = int(position) + self.cycle_length
+            fresh = [
+                i
+                for i in order[start : start + self.hint_shards]
+                if not _is_local(layouts[i]) and i not in hinted
+            ]
+            hinted.update(fresh)
+            index = order[int(position)]
+        if self.hints and fresh:
+            self.reader.hint([self.paths[i] for i in fresh])
+        layout = layouts[index]
+        blocks = layout.blocks if _is_local(layout) else ()
+        short_circuit = bool(blocks) and layout.size <= self.max_short_circuit
+        if not short_circuit:
+            blocks = ()
+        return (
+            os.fsencode(self.reader.mount_path(self.paths[index])),
+            np.bool_(short_circuit),
+            _object_array([os.fsencode(block.file) for block in blocks]),
+            np.array([block.length for block in blocks], dtype=np.int64),
+            np.array([block.checksum for block in blocks], dtype=np.uint64).view(np.int64),
+            np.int64(layout.size if layout is not None else 0),
+        )
+
+    def account(self, short_circuit: np.bool_, ok: np.bool_, size: np.int64) -> np.bool_:
+        if short_circuit and ok:
+            self.reader.stats.add(short_circuit_files=1, short_circuit_bytes=int(size))
+        else:
+            self.reader.stats.add(
+                fallback_files=int(bool(short_circuit)), mount_files=1, mount_bytes=int(size)
+            )
+        return np.bool_(True)
+
+
+def _is_local(layout) -> bool:
+    return layout is not None and layout.local
 
 
 def tfrecord_dataset(
@@ -315,6 +578,8 @@ def tfrecord_dataset(
     hints: bool = True,
     state_dir: str | None = None,
     reader: ShortCircuitReader | None = None,
+    engine: str = "auto",
+    max_short_circuit_shard: int = DEFAULT_MAX_SHORT_CIRCUIT_SHARD,
     num_parallel_reads: int = tf.data.AUTOTUNE,
     deterministic: bool = True,
 ) -> tf.data.Dataset:
@@ -322,42 +587,81 @@ def tfrecord_dataset(
 
     Each epoch orders the shards like :func:`dataset` orders files (``window`` defaults to all
     shards: local shards first, each group shuffled — shards are written shuffled, so their
-    order does not sort classes), then reads ``cycle_length`` shards at a time, interleaved,
-    with ``tf.data.TFRecordDataset`` over the mount: large sequential reads, where FUSE costs
-    little per byte and the worker's block read-ahead keeps the stream going. As each shard is
-    opened, the next ``hint_shards`` uncached shards after the open ones are hinted.
+    order does not sort classes), then reads ``cycle_length`` shards at a time, interleaved.
+    A shard cached here (every block) is read by short-circuit with the native kernel
+    ``CachefsReadTfRecords``: its block files, each verified, framing and record checksums
+    checked as TensorFlow's reader does; it is held in memory whole while its records are
+    given out, so shards over ``max_short_circuit_shard`` bytes, compressed shards, shards
+    whose blocks fail, and every shard when the kernels are not built (``engine="python"``:
+    records need TensorFlow's crc32c) are read with ``tf.data.TFRecordDataset`` through the
+    mount: large sequential reads, where FUSE costs little per byte and the worker's block
+    read-ahead keeps the stream going. As each shard is opened, the next ``hint_shards``
+    uncached shards after the open ones are hinted.
     """
+    ops = native_ops(engine)
+    if compression_type:  # the kernel reads plain TFRecord framing only
+        ops = None
     paths = _paths(name, files, state_dir)
     reader = reader or ShortCircuitReader(name, state_dir=state_dir)
-    epochs = itertools.count()
-    window = window or max(1, len(paths))
-
-    def shards() -> Iterator[str]:
-        epoch = next(epochs)
-        layouts = reader.resolve(paths)
-        local = [_is_local(layout) for layout in layouts]
-        order = epoch_order(local, seed=seed, epoch=epoch, window=window, shuffle=shuffle)
-        hinted: set[int] = set()
-        for position, index in enumerate(order):
-            if hints:
-                upcoming = order[position + cycle_length : position + cycle_length + hint_shards]
-                fresh = [i for i in upcoming if not local[i] and i not in hinted]
-                if fresh:
-                    hinted.update(fresh)
-                    reader.hint([paths[i] for i in fresh])
-            yield reader.mount_path(paths[index])
-
-    shard_paths = tf.data.Dataset.from_generator(
-        shards, output_signature=tf.TensorSpec(shape=(), dtype=tf.string)
-    )
-    records = shard_paths.interleave(
-        lambda path: tf.data.TFRecordDataset(
-            path, compression_type=compression_type, buffer_size=buffer_size
-        ),
+    plan = ShardPlan(
+        reader,
+        paths,
+        seed=seed,
+        shuffle=shuffle,
+        window=window or max(1, len(paths)),
         cycle_length=cycle_length,
-        block_length=block_length,
-        num_parallel_calls=num_parallel_reads,
-        deterministic=deterministic,
+        hint_shards=hint_shards,
+        hints=hints,
+        max_short_circuit=max_short_circuit_shard if ops is not None else -1,
+    )
+
+    def begin_epoch(_):
+        epoch, positions = tf.numpy_function(
+            plan.begin_epoch, [], (tf.int64, tf.int64), stateful=True
+        )
+        epoch.set_shape([])
+        positions.set_shape([None])
+        return tf.data.Dataset.from_tensor_slices((tf.fill(tf.shape(positions), epoch), positions))
+
+    def shard_records(epoch, position):
+        path, short_circuit, block_files, lengths, checksums, size = tf.numpy_function(
+            plan.open_shard,
+            [epoch, position],
+            (tf.string, tf.bool, tf.string, tf.int64, tf.int64, tf.int64),
+            stateful=True,
+        )
+        path.set_shape([])
+        short_circuit.set_shape([])
+        size.set_shape([])
+        if ops is None:
+            records, ok = tf.zeros([0], tf.string), tf.constant(False)
+        else:
+            records, ok = tf.cond(
+                short_circuit,
+                lambda: tuple(ops.cachefs_read_tf_records(block_files, lengths, checksums, path)),
+                lambda: (tf.zeros([0], tf.string), tf.constant(False)),
+            )
+        counted = tf.numpy_function(plan.account, [short_circuit, ok, size], tf.bool, stateful=True)
+        with tf.control_dependencies([counted]):
+            # The mount only for a shard not read from its blocks: no file, no records.
+            via_mount = tf.cond(ok, lambda: tf.zeros([0], tf.string), lambda: tf.reshape(path, [1]))
+        return tf.data.Dataset.from_tensor_slices(records).concatenate(
+            tf.data.TFRecordDataset(
+                via_mount, compression_type=compression_type, buffer_size=buffer_size
+            )
+        )
+
+    records = (
+        tf.data.Dataset.range(1)
+        .flat_map(begin_epoch)
+        .interleave(
+            shard_records,
+            cycle_length=cycle_length,
+            block_length=block_length,
+            num_parallel_calls=num_parallel_reads,
+            deterministic=deterministic,
+        )
     )
     records.reader = reader
+    records.plan = plan
     return records

@@ -21,17 +21,17 @@ Never a wrong byte:
 
 Block files are mode 0600 (the worker's user): a reader running as another user always falls
 back to the mount (counted as ``fallback_files``).
+
+:func:`read_chunk` is the Python reference of the native kernel ``CachefsReadFiles``
+(``native/cachefs_ops.cc``) that tf_dataset's pipeline reads with when it is built: the same
+arguments, the same rules, the same results.
 """
 
 from __future__ import annotations
 
 import glob
-import itertools
 import logging
-import mmap
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,11 +57,14 @@ class CachedBlock:
 
 @dataclass(frozen=True, slots=True)
 class FileLayout:
-    """Where one file's bytes are: per block a :class:`CachedBlock` or None (not cached here)."""
+    """Where one file's bytes are: per block a :class:`CachedBlock` or None (not cached here).
+    ``snapshot``: the worker's name for the dataset snapshot the file was resolved in (a
+    refresh makes a new one: layouts of an older snapshot may name an older version)."""
 
     path: str
     size: int
     blocks: tuple[CachedBlock | None, ...]
+    snapshot: str | None = None
 
     @property
     def local(self) -> bool:
@@ -98,6 +101,7 @@ class ReaderStats:
 def parse_layouts(answer: dict) -> list[FileLayout | None]:
     """The worker's batch-resolve answer as layouts (None for a path it could not resolve)."""
     layouts: list[FileLayout | None] = []
+    snapshot = answer.get("snapshot")
     for item in answer["files"]:
         if "error" in item:
             layouts.append(None)
@@ -106,7 +110,7 @@ def parse_layouts(answer: dict) -> list[FileLayout | None]:
             None if block is None else CachedBlock(block[0], int(block[1]), int(block[2], 16))
             for block in item["blocks"]
         )
-        layouts.append(FileLayout(item["path"], int(item["size"]), blocks))
+        layouts.append(FileLayout(item["path"], int(item["size"]), blocks, snapshot))
     return layouts
 
 
@@ -134,71 +138,71 @@ def read_block_file(block: CachedBlock) -> bytes | None:
     return data
 
 
-def link_verified_block(block: CachedBlock, link_path: str) -> bool:
-    """Hard-link a cached block's file to ``link_path`` and verify, through the link, that the
-    file is exactly the block (size and xxh3_64, hashed over a read-only mapping: no copy).
-    True when ``link_path`` now names the verified file. The link keeps that file (immutable:
-    the worker never writes a block file in place) readable even if the worker evicts it, so
-    TensorFlow's own C++ reader can read ``link_path`` later. False (and no link left) when
-    the file is gone, replaced, damaged, or on another filesystem than ``link_path``."""
-    try:
-        os.link(block.file, link_path)
-    except OSError:
-        return False
-    try:
-        fd = os.open(link_path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if os.fstat(fd).st_size != block.length:
-                raise ValueError("size differs")
-            # MAP_POPULATE maps every page up front: one call instead of a fault per page.
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            with mmap.mmap(fd, block.length, flags=flags, prot=mmap.PROT_READ) as view:
-                if xxhash.xxh3_64_intdigest(view) != block.checksum:
-                    raise ValueError("checksum differs")
-        finally:
-            os.close(fd)
-    except (OSError, ValueError):
-        _unlink_quietly(link_path)
-        return False
-    return True
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-class BlockLinks:
-    """A private directory of hard links to verified block files (see
-    :func:`link_verified_block`), on the filesystem of the RAM tier (``/dev/shm``): names are
-    never reused, so a link removed too early can only make a read fail, never return other
-    bytes. Links are removed when their reader is done (``release``) or on ``close``."""
-
-    def __init__(self, directory: str = "/dev/shm"):
-        self.root = tempfile.mkdtemp(prefix="tf_dataset-links-", dir=directory)
-        self._names = itertools.count()
-        self._lock = threading.Lock()
-
-    def link(self, block: CachedBlock) -> str | None:
-        with self._lock:
-            number = next(self._names)
-        path = f"{self.root}/{number:x}"
-        return path if link_verified_block(block, path) else None
-
-    @staticmethod
-    def release(paths: Sequence[str]) -> None:
-        for path in paths:
-            _unlink_quietly(path)
-
-    def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def read_mount_file(path: str) -> bytes:
+def read_mount_file(path: str | bytes) -> bytes:
     with open(path, "rb", buffering=0) as f:
         return f.readall()
+
+
+def read_blocks(blocks: Sequence[CachedBlock]) -> bytes | None:
+    """A file from its block files, or None if any block file does not verify."""
+    if len(blocks) == 1:  # the common case: a file smaller than a block
+        return read_block_file(blocks[0])
+    parts = []
+    for block in blocks:
+        data = read_block_file(block)
+        if data is None:
+            return None
+        parts.append(data)
+    return b"".join(parts)
+
+
+def read_file(mount_path: str | bytes, blocks: Sequence[CachedBlock] | None) -> tuple[bytes, bool]:
+    """One file: from ``blocks`` (all of its blocks, cached here) when given and each one
+    verifies, else wholly through the mount. Returns the bytes and whether blocks were given
+    but failed (the caller should forget them)."""
+    if blocks is not None:
+        data = read_blocks(blocks)
+        if data is not None:
+            return data, False
+    return read_mount_file(mount_path), blocks is not None
+
+
+def mount_path_of(mount_root: str | bytes, name: str | bytes) -> str | bytes:
+    """``<mount root>/<name>``; leading slashes of ``name`` are ignored."""
+    sep = b"/" if isinstance(name, bytes) else "/"
+    return os.path.join(mount_root, name.lstrip(sep))
+
+
+def read_chunk(
+    mount_root: bytes,
+    names: Sequence[bytes],
+    local: Sequence[bool],
+    block_splits: Sequence[int],
+    block_files: Sequence[bytes],
+    block_lengths: Sequence[int],
+    block_checksums: Sequence[int],
+) -> tuple[list[bytes], list[bool]]:
+    """The contents of a chunk of files, and per file whether its blocks failed: the Python
+    reference of the native kernel ``CachefsReadFiles`` (``native/cachefs_ops.cc``), with the
+    same arguments. File ``i`` is read from blocks ``block_splits[i]:block_splits[i + 1]`` of
+    the block columns when ``local[i]``, else through the mount. Checksums are xxh3_64 values,
+    as signed 64-bit integers (how TensorFlow carries them)."""
+    contents, failed = [], []
+    for i, name in enumerate(names):
+        blocks = None
+        if local[i]:
+            blocks = [
+                CachedBlock(
+                    os.fsdecode(block_files[b]),
+                    int(block_lengths[b]),
+                    int(block_checksums[b]) & 0xFFFF_FFFF_FFFF_FFFF,
+                )
+                for b in range(int(block_splits[i]), int(block_splits[i + 1]))
+            ]
+        data, fell_back = read_file(mount_path_of(mount_root, name), blocks)
+        contents.append(data)
+        failed.append(fell_back)
+    return contents, failed
 
 
 class ShortCircuitReader:
@@ -235,7 +239,7 @@ class ShortCircuitReader:
         self.close()
 
     def mount_path(self, path: str) -> str:
-        return os.path.join(self.mount_root, path.lstrip("/"))
+        return mount_path_of(self.mount_root, path)
 
     def resolve(self, paths: Sequence[str]) -> list[FileLayout | None]:
         """Layouts of ``paths`` (None where unknown, or where the worker could not answer)."""
@@ -251,6 +255,16 @@ class ShortCircuitReader:
                 log.warning("cachefs resolve failed, reading through the mount: %s", exc)
                 layouts += [None] * len(batch)
         return layouts
+
+    def snapshot(self) -> str | None:
+        """The worker's current snapshot of the dataset (None if it cannot say): layouts of
+        another snapshot are out of date."""
+        try:
+            with self._client_lock:
+                return self._client.resolve_many(self.dataset, []).get("snapshot")
+        except (WorkerNotRunning, ControlError) as exc:
+            log.debug("cachefs snapshot query failed: %s", exc)
+            return None
 
     def hint(self, paths: Sequence[str]) -> bool:
         """Tell the worker these files will be read soon. Never raises: False if it failed."""
@@ -271,48 +285,13 @@ class ShortCircuitReader:
     def read(self, path: str, layout: FileLayout | None = None) -> bytes:
         """The whole file: from its block files when ``layout`` says all are cached here and
         each one verifies, else through the mount."""
-        return self.read_many([path], [layout])[0]
-
-    def read_many(self, paths: Sequence[str], layouts: Sequence[FileLayout | None]) -> list[bytes]:
-        """:meth:`read` of several files, counting them once (one lock per call, not per file:
-        tf_dataset reads a chunk of files per call)."""
-        contents = []
-        short_files = short_bytes = fallbacks = mount_files = mount_bytes = 0
-        for path, layout in zip(paths, layouts, strict=True):
-            data = None
-            if layout is not None and layout.local:
-                data = _read_blocks(layout)
-                if data is None:
-                    fallbacks += 1
-                else:
-                    short_files += 1
-                    short_bytes += len(data)
-            if data is None:
-                data = read_mount_file(self.mount_path(path))
-                mount_files += 1
-                mount_bytes += len(data)
-            contents.append(data)
-        self.stats.add(
-            short_circuit_files=short_files,
-            short_circuit_bytes=short_bytes,
-            fallback_files=fallbacks,
-            mount_files=mount_files,
-            mount_bytes=mount_bytes,
-        )
-        return contents
-
-
-def _read_blocks(layout: FileLayout) -> bytes | None:
-    """A file from its block files, or None if any block file does not verify."""
-    if len(layout.blocks) == 1:  # the common case: a file smaller than a block
-        return read_block_file(layout.blocks[0])
-    parts = []
-    for block in layout.blocks:
-        data = read_block_file(block)
-        if data is None:
-            return None
-        parts.append(data)
-    return b"".join(parts)
+        local = layout is not None and layout.local
+        data, fell_back = read_file(self.mount_path(path), layout.blocks if local else None)
+        if local and not fell_back:
+            self.stats.add(short_circuit_files=1, short_circuit_bytes=len(data))
+        else:
+            self.stats.add(fallback_files=int(fell_back), mount_files=1, mount_bytes=len(data))
+        return data
 
 
 def list_files(dataset: str, pattern: str = "**", *, state_dir: str | None = None) -> list[str]:

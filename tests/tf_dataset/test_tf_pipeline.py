@@ -20,10 +20,13 @@ from tests.worker_process import WorkerProcess, drop_page_cache
 tf = pytest.importorskip("tensorflow")  # a guard only: CI installs the [tf] extra
 
 import tf_dataset  # noqa: E402
+from tf_dataset import native, pipeline  # noqa: E402
 from tf_dataset.order import epoch_order, epoch_permutation  # noqa: E402
 from tf_dataset.reader import ShortCircuitReader  # noqa: E402
 
 BLOCK = 64 * 1024
+#: Both read engines: the native kernel (built by scripts/setup.sh) and its Python reference.
+ENGINES = ["native", "python"]
 
 
 def image_like_objects(count: int = 48, seed: int = 5) -> dict[str, bytes]:
@@ -50,7 +53,9 @@ def start_world(moto_s3, fault_proxy, tmp_path):
         worker.add_dataset(
             name, f"s3://{bucket}/{name}", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=5
         )
-        return SimpleNamespace(worker=worker, objects=objects, proxy=fault_proxy, name=name)
+        return SimpleNamespace(
+            worker=worker, objects=objects, proxy=fault_proxy, name=name, bucket=bucket
+        )
 
     yield start
     for worker in started:
@@ -82,10 +87,8 @@ def test_files_lists_the_dataset_through_the_mount(start_world):
     )
 
 
-@pytest.mark.parametrize("read_mode", ["link", "python"])
-def test_epochs_are_byte_exact_seeded_and_warm_epochs_skip_fuse_and_the_store(
-    start_world, read_mode
-):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_epochs_are_byte_exact_seeded_and_warm_epochs_skip_fuse_and_the_store(start_world, engine):
     world = start_world(image_like_objects())
     worker, objects = world.worker, world.objects
     paths = sorted(objects)
@@ -97,7 +100,7 @@ def test_epochs_are_byte_exact_seeded_and_warm_epochs_skip_fuse_and_the_store(
         chunk=4,
         with_paths=True,
         state_dir=worker.state,
-        read_mode=read_mode,
+        engine=engine,
     )
     assert ds.cardinality().numpy() == len(paths)
     first = epoch(ds)
@@ -112,20 +115,21 @@ def test_epochs_are_byte_exact_seeded_and_warm_epochs_skip_fuse_and_the_store(
     assert prefetch["blocks_fetched"] + prefetch["blocks_cached"] > 0
 
     hits_before = worker.status()["reads"]["hits"]
-    short_before = ds.reader.stats.as_dict()["short_circuit_files"]
+    stats_before = ds.reader.stats.as_dict()
+    hinted_before = worker.status()["prefetch"]["hinted_files"]
     drop_page_cache()
     second = epoch(ds)
     assert [p for p, _ in second] != [p for p, _ in first], "each epoch is shuffled anew"
     assert all(contents == objects[path] for path, contents in second)
-    short_circuited = ds.reader.stats.as_dict()["short_circuit_files"] - short_before
-    if read_mode == "python":
-        assert short_circuited == len(paths)
-        assert worker.status()["reads"]["hits"] == hits_before, "a warm epoch went through FUSE"
-    else:  # links to one-block files; larger (and empty) files are read through the mount
-        assert short_circuited == sum(1 for data in objects.values() if 0 < len(data) <= BLOCK)
+    stats = ds.reader.stats.as_dict()
+    assert stats["short_circuit_files"] - stats_before["short_circuit_files"] == len(paths)
+    assert stats["short_circuit_bytes"] - stats_before["short_circuit_bytes"] == sum(
+        len(data) for data in objects.values()
+    )
+    assert stats["mount_files"] == stats_before["mount_files"]
+    assert worker.status()["reads"]["hits"] == hits_before, "a warm epoch went through FUSE"
+    assert worker.status()["prefetch"]["hinted_files"] == hinted_before, "a warm epoch hinted"
     assert store_gets(world) == total_blocks
-    if read_mode == "link":  # every link was removed once its chunk was read
-        assert os.listdir(ds.source.links.root) == []
 
     # Another pipeline with the same seed reads the same order; everything is cached, so the
     # order is exactly the seeded permutation (no locality reordering to do).
@@ -137,7 +141,7 @@ def test_epochs_are_byte_exact_seeded_and_warm_epochs_skip_fuse_and_the_store(
         chunk=4,
         with_paths=True,
         state_dir=worker.state,
-        read_mode=read_mode,
+        engine=engine,
     )
     expected = [paths[i] for i in epoch_permutation(len(paths), seed=7, epoch=0)]
     assert [p for p, _ in epoch(again)] == expected
@@ -160,7 +164,6 @@ def test_local_files_are_read_first_within_each_window(start_world):
         with_paths=True,
         hints=False,
         state_dir=worker.state,
-        read_mode="python",
     )
     order = [path for path, _ in epoch(ds)]
     local = [path in cached for path in paths]
@@ -223,11 +226,17 @@ def write_tfrecord_shards(tmp_path, shards: int, records: int) -> dict[str, list
     return contents
 
 
+def start_tfrecord_world(start_world, tmp_path, shards: int, records: int):
+    """A dataset "tfr" of TFRecord shards that each span several blocks; the records of each
+    shard by its name."""
+    written = write_tfrecord_shards(tmp_path, shards=shards, records=records)
+    objects = {name: (tmp_path / name).read_bytes() for name in written}
+    assert all(len(data) > 2 * BLOCK for data in objects.values())  # shards span blocks
+    return start_world(objects, name="tfr"), written
+
+
 def test_tfrecord_dataset_reads_every_record_and_local_shards_first(start_world, tmp_path):
-    records = write_tfrecord_shards(tmp_path, shards=5, records=30)
-    objects = {name: (tmp_path / name).read_bytes() for name in records}
-    assert any(len(data) > 2 * BLOCK for data in objects.values())  # shards span blocks
-    world = start_world(objects, name="tfr")
+    world, records = start_tfrecord_world(start_world, tmp_path, shards=5, records=30)
     worker = world.worker
     local_shard = "train-003.tfrecord"
     with open(worker.path("tfr", local_shard), "rb") as f:
@@ -245,10 +254,8 @@ def test_tfrecord_dataset_reads_every_record_and_local_shards_first(start_world,
     assert worker.status()["prefetch"]["hinted_files"] > 0
 
 
-@pytest.mark.parametrize("read_mode", ["link", "python"])
-def test_pipeline_reads_through_the_mount_when_short_circuit_files_are_damaged(
-    start_world, read_mode
-):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_pipeline_reads_through_the_mount_when_short_circuit_files_are_damaged(start_world, engine):
     world = start_world(image_like_objects(count=12))
     worker, objects = world.worker, world.objects
     paths = sorted(objects)
@@ -256,21 +263,120 @@ def test_pipeline_reads_through_the_mount_when_short_circuit_files_are_damaged(
         with open(worker.path("ds", path), "rb") as f:
             f.read()
     reader = ShortCircuitReader("ds", state_dir=worker.state)
-    for layout in reader.resolve(paths):
-        for block in layout.blocks:
-            os.unlink(block.file)  # behind the worker's back: every short-circuit read fails
+    layouts = reader.resolve(paths)
+    damaged = set()
+    for path, layout in zip(paths, layouts, strict=True):
+        for number, block in enumerate(layout.blocks):
+            damaged.add(path)
+            if number % 3 == 0:  # behind the worker's back: every short-circuit read fails
+                os.unlink(block.file)
+            elif number % 3 == 1:  # same length, one byte flipped: only the checksum tells
+                with open(block.file, "r+b") as f:
+                    first = f.read(1)
+                    f.seek(0)
+                    f.write(bytes([first[0] ^ 1]))
+            else:
+                os.truncate(block.file, block.length - 1)
     drop_page_cache()
     ds = tf_dataset.dataset(
-        "ds", paths, seed=0, with_paths=True, reader=reader, hints=False, read_mode=read_mode
+        "ds", paths, seed=0, with_paths=True, reader=reader, hints=False, engine=engine
     )
     for path, contents in epoch(ds):
         assert contents == objects[path], path
     stats = reader.stats.as_dict()
-    if read_mode == "python":
-        assert stats["fallback_files"] == sum(1 for data in objects.values() if data)
-    else:
-        assert stats["fallback_files"] == sum(1 for d in objects.values() if 0 < len(d) <= BLOCK)
-    assert stats["short_circuit_files"] == 0 or read_mode == "python"
-    assert stats["short_circuit_files"] + stats["fallback_files"] + stats["mount_files"] >= len(
-        paths
+    assert stats["fallback_files"] == len(damaged) == sum(1 for data in objects.values() if data)
+    assert stats["short_circuit_files"] == len(paths) - len(damaged)  # the empty file
+    assert stats["mount_files"] == len(damaged)
+
+    # The mount reads cached the files again (new block files): the next epoch asks the worker
+    # about the files that failed and reads them by short-circuit again.
+    for path, contents in epoch(ds):
+        assert contents == objects[path], path
+    after = reader.stats.as_dict()
+    assert after["short_circuit_files"] - stats["short_circuit_files"] == len(paths)
+    assert after["fallback_files"] == stats["fallback_files"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_next_epoch_after_a_refresh_reads_the_new_version(start_world, moto_s3, engine):
+    """A file changed in the store and the dataset refreshed: its old block files are still
+    cached and still match their checksums, so only the snapshot check keeps the next epoch
+    from reading the old version by short-circuit."""
+    world = start_world(image_like_objects(count=8))
+    worker, objects = world.worker, dict(world.objects)
+    paths = sorted(objects)
+    ds = tf_dataset.dataset(
+        "ds", paths, seed=1, with_paths=True, state_dir=worker.state, engine=engine
     )
+    assert dict(epoch(ds)) == objects
+    assert dict(epoch(ds)) == objects
+    changed = paths[1]
+    old_layout = ds.reader.resolve([changed])[0]
+    assert old_layout.local and old_layout.blocks
+    objects[changed] = b"the new version " + os.urandom(BLOCK)
+    moto_s3.put(world.bucket, f"ds/{changed}", objects[changed])
+    worker.client.refresh_dataset("ds")
+    assert all(os.path.exists(block.file) for block in old_layout.blocks), "old blocks gone"
+    assert dict(epoch(ds)) == objects
+    assert dict(epoch(ds)) == objects
+
+
+def test_an_unbuilt_native_engine_says_how_to_build_it_and_auto_reads_in_python(
+    start_world, monkeypatch, caplog
+):
+    world = start_world(image_like_objects(count=6))
+    paths = sorted(world.objects)
+    monkeypatch.setattr(native, "library_path", lambda: "/nonexistent/_cachefs_ops.so")
+    native.load.cache_clear()
+    monkeypatch.setattr(pipeline, "_warned_python_engine", False)
+    try:
+        with pytest.raises(native.NativeUnavailable, match=r"python -m tf_dataset\.native"):
+            tf_dataset.dataset("ds", paths, state_dir=world.worker.state, engine="native")
+        with caplog.at_level("WARNING", logger="tf_dataset.pipeline"):
+            ds = tf_dataset.dataset("ds", paths, with_paths=True, state_dir=world.worker.state)
+        assert "without its native kernels" in caplog.text
+        assert dict(epoch(ds)) == world.objects
+        with pytest.raises(ValueError, match="engine must be one of"):
+            tf_dataset.dataset("ds", paths, state_dir=world.worker.state, engine="fast")
+    finally:
+        native.load.cache_clear()
+
+
+def test_tfrecord_shards_cached_here_are_read_from_their_blocks(start_world, tmp_path):
+    world, records = start_tfrecord_world(start_world, tmp_path, shards=4, records=40)
+    worker, objects = world.worker, world.objects
+    for name in objects:  # cache every shard
+        with open(worker.path("tfr", name), "rb") as f:
+            f.read()
+    expected = Counter(record for shard in records.values() for record in shard)
+    hits_before = worker.status()["reads"]["hits"]
+    ds = tf_dataset.tfrecord_dataset(
+        "tfr", "train-*.tfrecord", seed=2, cycle_length=2, state_dir=worker.state, engine="native"
+    )
+    assert Counter(ds.as_numpy_iterator()) == expected
+    stats = ds.reader.stats.as_dict()
+    assert stats["short_circuit_files"] == len(objects) and stats["mount_files"] == 0
+    assert stats["short_circuit_bytes"] == sum(len(data) for data in objects.values())
+    assert worker.status()["reads"]["hits"] == hits_before, "a cached shard went through FUSE"
+
+    # One block of one shard damaged: that shard alone is read through the mount, whole.
+    damaged = "train-002.tfrecord"
+    layout = ds.reader.resolve([damaged])[0]
+    with open(layout.blocks[1].file, "r+b") as f:
+        f.write(b"\0\0\0\0")
+    drop_page_cache()
+    assert Counter(ds.as_numpy_iterator()) == expected
+    after = ds.reader.stats.as_dict()
+    assert after["fallback_files"] == 1 and after["mount_files"] == 1
+    assert after["short_circuit_files"] == stats["short_circuit_files"] + len(objects) - 1
+
+    # Shards over the size limit, and the Python engine (no crc32c to check records with), read
+    # through the mount.
+    for options in ({"max_short_circuit_shard": BLOCK}, {"engine": "python"}):
+        plain = tf_dataset.tfrecord_dataset(
+            "tfr", "train-*.tfrecord", seed=2, state_dir=worker.state, **options
+        )
+        assert Counter(plain.as_numpy_iterator()) == expected
+        plain_stats = plain.reader.stats.as_dict()
+        assert plain_stats["short_circuit_files"] == 0, options
+        assert plain_stats["mount_files"] == len(objects), options

@@ -1,0 +1,5 @@
+import sys
+
+from tf_dataset.native import main
+
+sys.exit(main())
