@@ -12,10 +12,13 @@ to the tree's size or the benchmark fails. Passes:
 2. ``cachefs_first_epoch``: ``tf_dataset.dataset`` over a cachefs dataset with nothing cached
    (dataset freshly added, page cache dropped): reads go through the mount to the source, with
    prefetch hints one window ahead.
-3. ``cachefs_warm``: ``tf_dataset.dataset`` again, every block in the worker's RAM tier: reads
-   are short-circuited to the block files (verified with xxh3_64), read in Python
-   (``read_mode="python"``, the default); ``cachefs_warm_link``: the same with
-   ``read_mode="link"`` (verified hard links read by TensorFlow's C++ reader).
+3. ``cachefs_warm``: ``tf_dataset.dataset`` again, every block in the worker's RAM tier, later
+   epochs of one pipeline (after a first epoch that is not timed): what a training job sees
+   epoch after epoch. Reads are short-circuited to the block files and verified (xxh3_64) by
+   the native kernel (``engine="native"``). ``cachefs_warm_new_pipeline``: the first epoch of
+   a new pipeline each time, which also asks the worker where every file is (resolve).
+   ``cachefs_warm_python``: later epochs with the Python reference engine
+   (``engine="python"``), what a machine without the built kernels gets.
 4. ``cachefs_mount_read_file``: ``tf.io.read_file`` over the mount paths (no tf_dataset), the
    RAM tier holding everything and the page cache dropped: the same data through FUSE, which
    is what tf_dataset's short-circuit avoids.
@@ -25,7 +28,8 @@ to the tree's size or the benchmark fails. Passes:
 
 The cachefs source is ``--source file`` (the tmpfs tree itself: a fast local store) or
 ``--source s3`` (moto_server on loopback: slow, ~200 GET/s, so the first epoch measures moto).
-Targets are reported, never asserted: cachefs warm >= 0.9x tmpfs.
+Targets are reported, never asserted: cachefs warm >= 0.9x tmpfs (and the same ratio for the
+first epoch of a new pipeline).
 
 Needs root (FUSE, drop_caches) and the ``[tf]`` extra. Nothing here is imported by cachefs.
 """
@@ -58,8 +62,9 @@ WARM_VS_TMPFS_TARGET = 0.9
 PASS_TITLES = {
     "tmpfs_read_file": "tf.data tf.io.read_file on tmpfs (the limit)",
     "cachefs_first_epoch": "tf_dataset, first epoch (nothing cached)",
-    "cachefs_warm": "tf_dataset, warm (short-circuit, read_mode=python)",
-    "cachefs_warm_link": "tf_dataset, warm (short-circuit, read_mode=link)",
+    "cachefs_warm": "tf_dataset, warm: later epochs of one pipeline (native kernel)",
+    "cachefs_warm_new_pipeline": "tf_dataset, warm: first epoch of a new pipeline (resolves all)",
+    "cachefs_warm_python": "tf_dataset, warm: later epochs, Python engine",
     "cachefs_mount_read_file": "tf.data tf.io.read_file on the mount (RAM tier, no page cache)",
     "blockfiles_read_file": "tf.io.read_file on block files, unverified (reference only)",
     "tmpfs_read_file_last": "tf.data tf.io.read_file on tmpfs again, last (reference only)",
@@ -70,7 +75,8 @@ PASS_TITLES = {
 class EpochRun:
     files: int
     bytes: int
-    seconds: float
+    seconds: float  # first element requested to the end of the data
+    teardown_seconds: float = 0.0  # destroying the iterator afterwards (not in ``seconds``)
 
 
 @dataclass
@@ -82,6 +88,7 @@ class PassResult:
     all_seconds: list[float]
     files_per_s: float
     mb_per_s: float
+    teardown_seconds: list[float] = field(default_factory=list)
     reader_stats: dict = field(default_factory=dict)
     worker_delta: dict = field(default_factory=dict)
 
@@ -94,6 +101,7 @@ class PassResult:
             bytes=best.bytes,
             seconds=round(best.seconds, 4),
             all_seconds=[round(run.seconds, 4) for run in runs],
+            teardown_seconds=[round(run.teardown_seconds, 4) for run in runs],
             files_per_s=best.files / best.seconds,
             mb_per_s=best.bytes / best.seconds / 1e6,
             **extra,
@@ -110,10 +118,16 @@ def time_epoch(ds, batch: int) -> EpochRun:
     )
     files = nbytes = 0
     began = time.perf_counter()
-    for batch_files, batch_bytes in counted:
+    iterator = iter(counted)
+    for batch_files, batch_bytes in iterator:
         files += int(batch_files)
         nbytes += int(batch_bytes)
-    return EpochRun(files, nbytes, time.perf_counter() - began)
+    ended = time.perf_counter()
+    # Destroying a tf.data iterator waits for its autotuning thread to wake (its period doubles
+    # from 10 ms up to 60 s), so a loop that drops the iterator inside the timing ends on
+    # multiples of ~1.28 s whatever the data path. Timed apart, reported apart.
+    del iterator
+    return EpochRun(files, nbytes, ended - began, time.perf_counter() - ended)
 
 
 def check_epoch(run: EpochRun, files: int, nbytes: int, what: str) -> None:
@@ -164,12 +178,23 @@ def run(args) -> dict:
         tmpfs_paths = [os.path.join(data_dir, spec.path) for spec in plan.files]
         relative = [spec.path for spec in plan.files]
 
-        def repeat(name: str, make_ds, before=lambda: None, *, on_worker=False) -> PassResult:
-            """``--repeats`` epochs; the best is kept, with the worker's counters of that run."""
+        def repeat(
+            name: str, make_ds, before=lambda: None, *, on_worker=False, one_pipeline=False
+        ) -> PassResult:
+            """``--repeats`` timed epochs; the best is kept, with the worker's counters and the
+            reader's of that epoch. Each epoch runs on a new pipeline, or with
+            ``one_pipeline`` on one pipeline after a first epoch that is not timed: the steady
+            state of a training job, whose later epochs reuse what the first one learned."""
             runs = []
+            ds = make_ds() if one_pipeline else None
+            if one_pipeline:
+                check_epoch(time_epoch(ds, args.batch), total_files, total_bytes, name)
             for _ in range(args.repeats):
                 before()
-                ds = make_ds()
+                if not one_pipeline:
+                    ds = make_ds()
+                reader = getattr(ds, "reader", None)
+                stats_before = reader.stats.as_dict() if reader is not None else {}
                 counters = worker_counters(worker) if on_worker else {}
                 epoch = time_epoch(ds, args.batch)
                 delta = {}
@@ -177,16 +202,19 @@ def run(args) -> dict:
                     after = worker_counters(worker)
                     delta = {k: after[k] - counters[k] for k in after}
                 check_epoch(epoch, total_files, total_bytes, name)
-                runs.append((epoch, delta, getattr(ds, "reader", None)))
+                stats = {}
+                if reader is not None:
+                    stats = {k: v - stats_before[k] for k, v in reader.stats.as_dict().items()}
+                runs.append((epoch, delta, stats))
                 print(
                     f"  {name:<26} {epoch.files / epoch.seconds:>9,.0f} files/s "
                     f"{epoch.bytes / epoch.seconds / 1e6:8.1f} MB/s  {delta}",
                     file=sys.stderr,
                 )
-            epoch, delta, reader = min(runs, key=lambda run: run[0].seconds)
+            epoch, delta, stats = min(runs, key=lambda run: run[0].seconds)
             result = PassResult.best_of(name, [run[0] for run in runs])
             result.worker_delta = delta
-            result.reader_stats = reader.stats.as_dict() if reader is not None else {}
+            result.reader_stats = stats
             passes.append(result)
             return result
 
@@ -220,7 +248,7 @@ def run(args) -> dict:
             worker.client.add_dataset(spec)
             drop_page_cache()
 
-        def tf_dataset_pass(name: str, before, read_mode: str = "python") -> None:
+        def tf_dataset_pass(name: str, before, engine="native", one_pipeline=False) -> None:
             readers = []
 
             def make():
@@ -233,10 +261,10 @@ def run(args) -> dict:
                     window=args.window,
                     chunk=args.chunk,
                     reader=reader,
-                    read_mode=read_mode,
+                    engine=engine,
                 )
 
-            repeat(name, make, before, on_worker=True)
+            repeat(name, make, before, on_worker=True, one_pipeline=one_pipeline)
             for reader in readers:
                 reader.close()
 
@@ -245,8 +273,9 @@ def run(args) -> dict:
         cached = worker.client.datasets()[0]["cached_fraction"]
         if cached < 1.0:
             raise BenchmarkFailure(f"only {cached:.0%} cached after the first epoch")
-        tf_dataset_pass("cachefs_warm", lambda: None)
-        tf_dataset_pass("cachefs_warm_link", lambda: None, read_mode="link")
+        tf_dataset_pass("cachefs_warm", lambda: None, one_pipeline=True)
+        tf_dataset_pass("cachefs_warm_new_pipeline", lambda: None)
+        tf_dataset_pass("cachefs_warm_python", lambda: None, engine="python", one_pipeline=True)
 
         repeat(
             "cachefs_mount_read_file",
@@ -307,20 +336,33 @@ def find(passes: list[dict], name: str) -> dict | None:
     return next((p for p in passes if p["name"] == name), None)
 
 
+#: (pass, what it is) held against tmpfs: the issue's target is the first (what a training job
+#: sees epoch after epoch); the second shows what a new pipeline pays once, resolving every file.
+TARGET_PASSES = (
+    ("cachefs_warm", "tf_dataset warm"),
+    ("cachefs_warm_new_pipeline", "tf_dataset warm, first epoch of a new pipeline"),
+)
+
+
 def targets(passes: list[dict]) -> list[dict]:
-    """The issue's target, reported (never asserted): tf_dataset warm >= 0.9x tmpfs."""
-    warm, tmpfs = find(passes, "cachefs_warm"), find(passes, "tmpfs_read_file")
-    if not (warm and tmpfs):
-        return []
-    ratio = warm["files_per_s"] / tmpfs["files_per_s"]
-    return [
-        {
-            "target": f"tf_dataset warm >= {WARM_VS_TMPFS_TARGET}x tf.data on tmpfs",
-            "value": ratio,
-            "threshold": WARM_VS_TMPFS_TARGET,
-            "met": ratio >= WARM_VS_TMPFS_TARGET,
-        }
-    ]
+    """The issue's target, reported (never asserted): tf_dataset warm >= 0.9x tf.data on
+    tmpfs; and the same ratio for the first epoch of a new pipeline."""
+    tmpfs = find(passes, "tmpfs_read_file")
+    found = []
+    for name, what in TARGET_PASSES:
+        warm = find(passes, name)
+        if not (warm and tmpfs):
+            continue
+        ratio = warm["files_per_s"] / tmpfs["files_per_s"]
+        found.append(
+            {
+                "target": f"{what} >= {WARM_VS_TMPFS_TARGET}x tf.data on tmpfs",
+                "value": ratio,
+                "threshold": WARM_VS_TMPFS_TARGET,
+                "met": ratio >= WARM_VS_TMPFS_TARGET,
+            }
+        )
+    return found
 
 
 def render_markdown(results: dict) -> str:
@@ -373,7 +415,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--chunk", type=int, default=64, help="files per tf_dataset read call")
+    parser.add_argument("--chunk", type=int, default=128, help="files per tf_dataset read call")
     parser.add_argument("--window", type=int, default=1024, help="tf_dataset locality window")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--source", choices=("file", "s3"), default="file")
