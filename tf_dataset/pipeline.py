@@ -25,8 +25,9 @@ epoch):
 Why no ``tf.data.Dataset.from_generator``: the first time a generator dataset runs,
 TensorFlow sets glibc's ``M_TRIM_THRESHOLD`` for the whole process, which also freezes the
 mmap threshold at 128 KiB. Every larger buffer after that — most image files — is mmapped and
-unmapped again, and a plain ``tf.io.read_file`` pipeline over tmpfs in the same process ran
-2.4x slower here (bench/README.md, "tf_bench"). ``numpy_function`` does not do that.
+unmapped again: a plain ``tf.io.read_file`` pipeline over tmpfs ran 1.8-2.6x slower in the
+same process after one generator dataset (bench/README.md, "tf_bench"). ``numpy_function``
+does not do that.
 
 Snapshots: a refresh of the dataset makes the worker serve a new snapshot (changed files get
 new block keys). Each epoch starts by asking the worker for its snapshot; when it changed, every
