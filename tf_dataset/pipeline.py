@@ -347,12 +347,19 @@ def _read_chunk_arrays(mount_root, names, local, splits, files, lengths, checksu
 
 
 def _paths(name: str, files: str | Sequence[str], state_dir: str | None) -> list[str]:
+    """The dataset's files named by a glob pattern, or a list of paths checked to be paths
+    inside the dataset (no empty, ``.`` or ``..`` component, no NUL byte)."""
     if isinstance(files, str):
         found = list_files(name, files, state_dir=state_dir)
         if not found:
             raise ValueError(f"no file of dataset {name!r} matches {files!r}")
         return found
-    return [str(path) for path in files]
+    paths = [str(path) for path in files]
+    for path in paths:
+        parts = path.lstrip("/").split("/")
+        if "\0" in path or any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"{path!r} is not a path of a file inside dataset {name!r}")
+    return paths
 
 
 def _epoch_windows(window_count: int, next_epoch) -> tf.data.Dataset:

@@ -107,6 +107,23 @@ def test_a_missing_file_under_the_mount_is_an_error_in_both_engines(ops, tmp_pat
         chunk.python()
 
 
+def test_a_nul_byte_never_opens_the_file_before_it(ops, tmp_path):
+    """open() would stop at a NUL: "dir/f0.bin\\0x" would read dir/f0.bin, another file."""
+    chunk = Chunk(tmp_path, [b"not yours"], [True])
+    root, names, local, splits, files, lengths, sums = chunk.args()
+    hostile_names = np.array([names[0] + b"\0x"], dtype=object)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NUL"):
+        ops.cachefs_read_files(root, hostile_names, np.array([False]), splits, files, lengths, sums)
+    with pytest.raises(ValueError, match="null"):
+        read_chunk(root, hostile_names, [False], splits, files, lengths, sums)
+    # A block file name with a NUL is a failed block: the file is read through the mount.
+    hostile_files = np.array([files[0] + b"\0x"], dtype=object)
+    contents, fell_back = ops.cachefs_read_files(
+        root, names, local, splits, hostile_files, lengths, sums
+    )
+    assert list(contents.numpy()) == [b"not yours"] and list(fell_back.numpy()) == [True]
+
+
 def test_the_kernel_refuses_inconsistent_arguments(ops, tmp_path):
     chunk = Chunk(tmp_path, [b"abc", b"defg"], [True, True])
     root, names, local, splits, files, lengths, sums = chunk.args()
@@ -199,3 +216,14 @@ def test_the_library_name_follows_the_source_and_tensorflow(monkeypatch, tmp_pat
         changed.write_bytes(f.read() + b"\n// changed\n")
     monkeypatch.setattr(native, "SOURCE", str(changed))
     assert os.path.basename(native.library_path()) != os.path.basename(built)
+
+
+def test_a_failed_build_says_so_and_leaves_no_library(monkeypatch, tmp_path, capsys):
+    target = tmp_path / "_cachefs_ops-test.so"
+    monkeypatch.setattr(native, "library_path", lambda: str(target))
+    for compiler in ("/nonexistent/g++", "false"):  # not there; there but failing
+        monkeypatch.setenv("CXX", compiler)
+        assert native.main(["--force"]) == 1
+        assert "build failed" in capsys.readouterr().err
+        assert list(tmp_path.iterdir()) == [], "a partial library was left behind"
+    native.load.cache_clear()  # the real library again for the other tests

@@ -264,19 +264,24 @@ def test_pipeline_reads_through_the_mount_when_short_circuit_files_are_damaged(s
             f.read()
     reader = ShortCircuitReader("ds", state_dir=worker.state)
     layouts = reader.resolve(paths)
-    damaged = set()
+    # Behind the worker's back, the last block of every non-empty file, in three ways by turns.
+    damage = {}
     for path, layout in zip(paths, layouts, strict=True):
-        for number, block in enumerate(layout.blocks):
-            damaged.add(path)
-            if number % 3 == 0:  # behind the worker's back: every short-circuit read fails
-                os.unlink(block.file)
-            elif number % 3 == 1:  # same length, one byte flipped: only the checksum tells
-                with open(block.file, "r+b") as f:
-                    first = f.read(1)
-                    f.seek(0)
-                    f.write(bytes([first[0] ^ 1]))
-            else:
-                os.truncate(block.file, block.length - 1)
+        if not layout.blocks:
+            continue
+        block = layout.blocks[-1]
+        damage[path] = ("evicted", "flipped", "short")[len(damage) % 3]
+        if damage[path] == "evicted":
+            os.unlink(block.file)
+        elif damage[path] == "flipped":  # same length, one byte off: only the checksum tells
+            with open(block.file, "r+b") as f:
+                first = f.read(1)
+                f.seek(0)
+                f.write(bytes([first[0] ^ 1]))
+        else:
+            os.truncate(block.file, block.length - 1)
+    assert set(damage.values()) == {"evicted", "flipped", "short"}
+    damaged = set(damage)
     drop_page_cache()
     ds = tf_dataset.dataset(
         "ds", paths, seed=0, with_paths=True, reader=reader, hints=False, engine=engine

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("tensorflow")  # tf_dataset.pipeline imports it; CI installs the [tf] extra
 
+import tf_dataset
 from tf_dataset.pipeline import LocalBlocks
 from tf_dataset.reader import CachedBlock
 
@@ -82,3 +83,9 @@ def test_an_empty_query_and_an_empty_table():
     assert splits.tolist() == [0]
     table.learn([], [])
     assert table._rows == 0
+
+
+@pytest.mark.parametrize("path", ["a/../b", "../outside", "a//b", "./a", "a/.", "a/b\0c", ""])
+def test_paths_that_leave_the_dataset_or_name_nothing_are_refused(path):
+    with pytest.raises(ValueError, match="not a path of a file inside dataset 'ds'"):
+        tf_dataset.dataset("ds", ["ok/file", path], engine="python")

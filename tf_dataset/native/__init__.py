@@ -17,14 +17,11 @@ g++ and xxhash's header and library (Debian: ``libxxhash-dev``).
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import subprocess
 import sys
 
 import xxhash
-
-log = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cachefs_ops.cc")
 
@@ -102,14 +99,6 @@ def load():
         raise NativeUnavailable(f"loading {path} failed: {exc}") from exc
 
 
-def available() -> bool:
-    try:
-        load()
-    except NativeUnavailable:
-        return False
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -119,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = build(force=args.force)
         load()
-    except (subprocess.CalledProcessError, NativeUnavailable) as exc:
+    except (OSError, subprocess.CalledProcessError, NativeUnavailable) as exc:
         print(f"tf_dataset.native: build failed: {exc}", file=sys.stderr)
         return 1
     print(f"tf_dataset.native: {path}", file=sys.stderr)

@@ -69,8 +69,9 @@ class Fd {  // closes on every path out
 // Reads exactly `length` bytes from the start of `path` into `dest`. False if the file cannot
 // be opened or read, or is shorter. Bytes past `length` are not read: they cannot change what
 // is returned.
-bool ReadExactly(const char* path, char* dest, int64_t length) {
-  Fd fd(open(path, O_RDONLY | O_CLOEXEC));
+bool ReadExactly(const std::string& path, char* dest, int64_t length) {
+  if (path.find('\0') != std::string::npos) return false;  // open() would stop at the NUL
+  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return false;
   int64_t done = 0;
   while (done < length) {
@@ -96,8 +97,7 @@ bool ReadBlocks(const tensorflow::TTypes<tstring>::ConstFlat& files,
   out->resize_uninitialized(total);
   char* dest = out->mdata();
   for (int64_t b = first; b < last; ++b) {
-    const std::string path(files(b));  // NUL-terminated for open()
-    if (!ReadExactly(path.c_str(), dest, lengths(b)) ||
+    if (!ReadExactly(std::string(files(b)), dest, lengths(b)) ||
         !Verified(dest, lengths(b), checksums(b))) {
       out->clear();
       return false;
@@ -109,6 +109,9 @@ bool ReadBlocks(const tensorflow::TTypes<tstring>::ConstFlat& files,
 
 // A whole file through the mount (its size from fstat; read on to EOF in case it differs).
 absl::Status ReadWholeFile(const std::string& path, tstring* out) {
+  if (path.find('\0') != std::string::npos) {  // open() would stop at the NUL: another file
+    return absl::InvalidArgumentError("a path holds a NUL byte");
+  }
   Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return tsl::errors::IOError(path, errno);
   struct stat st;
@@ -291,8 +294,7 @@ class ReadTFRecordsOp : public OpKernel {
       const size_t kept = pending.size();
       pending.resize(kept + length(b));
       char* block = pending.data() + kept;
-      const std::string path(file(b));
-      if (!ReadExactly(path.c_str(), block, length(b)) ||
+      if (!ReadExactly(std::string(file(b)), block, length(b)) ||
           !Verified(block, length(b), checksum(b))) {
         ok = false;
         break;
