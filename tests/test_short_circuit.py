@@ -7,14 +7,12 @@ from __future__ import annotations
 import os
 import random
 import time
-import uuid
-from types import SimpleNamespace
 
 import pytest
 
 from cachefs.client import ControlClient, ControlError
 from cachefs.worker import Prefetcher
-from tests.worker_process import WorkerProcess, drop_page_cache
+from tests.worker_process import WorkerProcess, drop_page_cache, start_s3_world
 from tf_dataset.reader import CachedBlock, FileLayout, ShortCircuitReader, read_block_file
 
 BLOCK = 64 * 1024
@@ -36,19 +34,13 @@ def make_objects(seed: int = 11) -> dict[str, bytes]:
 
 @pytest.fixture
 def world(moto_s3, fault_proxy, tmp_path):
-    bucket = f"cachefs-{uuid.uuid4().hex[:12]}"
-    moto_s3.make_bucket(bucket)
-    objects = make_objects()
-    for key, data in objects.items():
-        moto_s3.put(bucket, f"ds/{key}", data)
-    worker = WorkerProcess(str(tmp_path), env=moto_s3.env).start()
-    worker.add_dataset(
-        "ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=5
+    world = start_s3_world(
+        moto_s3, fault_proxy, str(tmp_path), make_objects(), block_size=BLOCK, timeout_s=5
     )
-    reader = ShortCircuitReader("ds", state_dir=worker.state)
-    yield SimpleNamespace(worker=worker, objects=objects, proxy=fault_proxy, reader=reader)
-    reader.close()
-    worker.cleanup()
+    world.reader = ShortCircuitReader("ds", state_dir=world.worker.state)
+    yield world
+    world.reader.close()
+    world.worker.cleanup()
 
 
 def read_through_mount(worker: WorkerProcess, key: str) -> bytes:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from types import SimpleNamespace
 
 from cachefs.client import ControlClient
 
@@ -149,3 +150,37 @@ class WorkerProcess:
 
     def dataset_status(self, name: str) -> dict:
         return next(d for d in self.status()["datasets"] if d["name"] == name)
+
+
+def start_s3_world(
+    moto_s3,
+    fault_proxy,
+    directory: str,
+    objects: dict[str, bytes],
+    *,
+    name: str = "ds",
+    block_size: int,
+    timeout_s: float,
+) -> SimpleNamespace:
+    """A worker in ``directory`` serving ``objects`` as dataset ``name``, from a new moto
+    bucket reached through the fault proxy (which counts and breaks the store's requests).
+    The caller cleans up ``world.worker``."""
+    bucket = f"cachefs-{uuid.uuid4().hex[:12]}"
+    moto_s3.make_bucket(bucket)
+    for key, data in objects.items():
+        moto_s3.put(bucket, f"{name}/{key}", data)
+    worker = WorkerProcess(directory, env=moto_s3.env).start()
+    try:
+        worker.add_dataset(
+            name,
+            f"s3://{bucket}/{name}",
+            endpoint=fault_proxy.url,
+            block_size=block_size,
+            timeout_s=timeout_s,
+        )
+    except BaseException:
+        worker.cleanup()
+        raise
+    return SimpleNamespace(
+        worker=worker, objects=objects, proxy=fault_proxy, bucket=bucket, name=name, moto=moto_s3
+    )

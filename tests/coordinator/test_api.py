@@ -9,18 +9,16 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from functools import partial
 
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from cachefs.protocol import SHARDS, owner_table
 from coordinator.api import create_app
 from coordinator.cluster import Cluster
 from coordinator.state import LmdbStateStore
+from tests.fakes.wrappers import served
 
 TOKEN = "test-token-Zq9"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -48,20 +46,10 @@ async def api(tmp_path) -> AsyncIterator[Api]:
     try:
         cluster = Cluster(store, heartbeat_interval_s=1.0)
         app = create_app(cluster, TOKEN, metrics_text=lambda: METRICS)
-        config = HypercornConfig()
-        config.bind = ["127.0.0.1:0"]
-        config.accesslog = None
-        config.graceful_timeout = 1.0
-        shutdown = trio.Event()
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(
-                partial(hypercorn_serve, app, config, shutdown_trigger=shutdown.wait)
-            )
-            url = binds[0]
-            assert url.startswith("http://127.0.0.1:")
+        async with served(app) as address:
+            url = f"http://{address}"
             async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as client:
                 yield Api(url, client, cluster)
-            shutdown.set()
     finally:
         store.close()
 

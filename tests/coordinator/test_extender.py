@@ -16,15 +16,11 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from coordinator.api import create_app
 from coordinator.cluster import Cluster
@@ -42,6 +38,7 @@ from coordinator.extender import (
 )
 from coordinator.state import LmdbStateStore
 from tests.coordinator.model import FakeClock, spec
+from tests.fakes.wrappers import served as serving
 
 BODIES = Path(__file__).parent / "extender_bodies"
 NODES = ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
@@ -462,23 +459,14 @@ async def served(tmp_path) -> AsyncIterator[Served]:
     try:
         # Workers beat once per test: they must stay up however slow the machine is.
         cluster = Cluster(store, heartbeat_interval_s=1.0, down_after_s=3600)
-        config = HypercornConfig()
-        config.bind = ["127.0.0.1:0"]
-        config.accesslog = None
-        config.graceful_timeout = 1.0
-        shutdown = trio.Event()
-        async with trio.open_nursery() as nursery:
-            app = create_app(cluster, TOKEN)
-            binds = await nursery.start(
-                partial(hypercorn_serve, app, config, shutdown_trigger=shutdown.wait)
-            )
+        async with serving(create_app(cluster, TOKEN)) as address:
+            url = f"http://{address}"
             auth = {"Authorization": f"Bearer {TOKEN}"}
             async with (
-                httpx.AsyncClient(base_url=binds[0], timeout=30) as client,
-                httpx.AsyncClient(base_url=binds[0], headers=auth, timeout=30) as admin,
+                httpx.AsyncClient(base_url=url, timeout=30) as client,
+                httpx.AsyncClient(base_url=url, headers=auth, timeout=30) as admin,
             ):
                 yield Served(client, admin, cluster)
-            shutdown.set()
     finally:
         store.close()
 

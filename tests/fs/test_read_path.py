@@ -9,14 +9,12 @@ import os
 import random
 import threading
 import time
-import uuid
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.worker_process import WorkerProcess, drop_page_cache
+from tests.worker_process import drop_page_cache, start_s3_world
 
 BLOCK = 64 * 1024
 
@@ -49,20 +47,11 @@ def make_objects(seed: int = 7) -> dict[str, bytes]:
 
 @pytest.fixture
 def s3_world(moto_s3, fault_proxy, tmp_path):
-    bucket = f"cachefs-{uuid.uuid4().hex[:12]}"
-    moto_s3.make_bucket(bucket)
-    objects = make_objects()
-    for key, data in objects.items():
-        moto_s3.put(bucket, f"ds/{key}", data)
-    worker = WorkerProcess(str(tmp_path), env=moto_s3.env).start()
-    worker.add_dataset(
-        "ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=2
-    )
-    world = SimpleNamespace(
-        worker=worker, objects=objects, proxy=fault_proxy, bucket=bucket, moto=moto_s3
+    world = start_s3_world(
+        moto_s3, fault_proxy, str(tmp_path), make_objects(), block_size=BLOCK, timeout_s=2
     )
     yield world
-    worker.cleanup()
+    world.worker.cleanup()
 
 
 def test_every_file_is_byte_exact_and_second_reads_hit_the_cache(s3_world):

@@ -8,14 +8,13 @@ import math
 import os
 import random
 import time
-import uuid
 from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from tests.worker_process import WorkerProcess, drop_page_cache
+from tests.worker_process import WorkerProcess, drop_page_cache, start_s3_world
 
 tf = pytest.importorskip("tensorflow")  # a guard only: CI installs the [tf] extra
 
@@ -44,18 +43,17 @@ def start_world(moto_s3, fault_proxy, tmp_path):
     started = []
 
     def start(objects: dict[str, bytes], name: str = "ds") -> SimpleNamespace:
-        bucket = f"cachefs-{uuid.uuid4().hex[:12]}"
-        moto_s3.make_bucket(bucket)
-        for key, data in objects.items():
-            moto_s3.put(bucket, f"{name}/{key}", data)
-        worker = WorkerProcess(str(tmp_path / f"w{len(started)}"), env=moto_s3.env).start()
-        started.append(worker)
-        worker.add_dataset(
-            name, f"s3://{bucket}/{name}", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=5
+        world = start_s3_world(
+            moto_s3,
+            fault_proxy,
+            str(tmp_path / f"w{len(started)}"),
+            objects,
+            name=name,
+            block_size=BLOCK,
+            timeout_s=5,
         )
-        return SimpleNamespace(
-            worker=worker, objects=objects, proxy=fault_proxy, name=name, bucket=bucket
-        )
+        started.append(world.worker)
+        return world
 
     yield start
     for worker in started:
