@@ -65,10 +65,6 @@ ORDERS_KEPT = 2
 #: "python" (the reference engine), or "auto" (native when built for this TensorFlow).
 ENGINES = ("auto", "native", "python")
 
-#: TFRecord shards larger than this are read through the mount even when cached here: a
-#: short-circuited shard is read whole into memory before its first record is given out.
-DEFAULT_MAX_SHORT_CIRCUIT_SHARD = 512 << 20
-
 _warned_python_engine = False
 
 
@@ -495,7 +491,7 @@ class ShardPlan:
         cycle_length: int,
         hint_shards: int,
         hints: bool,
-        max_short_circuit: int,
+        short_circuit: bool,
     ):
         self.reader = reader
         self.paths = list(paths)
@@ -505,7 +501,7 @@ class ShardPlan:
         self.cycle_length = cycle_length
         self.hint_shards = hint_shards
         self.hints = hints
-        self.max_short_circuit = max_short_circuit
+        self.short_circuit = short_circuit
         self._epochs = itertools.count()
         self._lock = threading.Lock()
         # epoch → (order, layouts, the shards hinted so far)
@@ -526,9 +522,10 @@ class ShardPlan:
         return np.int64(epoch), np.arange(len(order), dtype=np.int64)
 
     def open_shard(self, epoch: np.int64, position: np.int64):
-        """The shard at ``position`` of ``epoch``'s order: its path under the mount, whether to
-        read it from its block files, and those blocks (files, lengths, checksums). Hints the
-        next ``hint_shards`` uncached shards after the ones being read."""
+        """The shard at ``position`` of ``epoch``'s order: its path under the mount, the blocks
+        to read it from (files, lengths, checksums; none if it is not all cached here, or
+        without short-circuit), and its size. Hints the next ``hint_shards`` uncached shards
+        after the ones being read."""
         with self._lock:
             state = self._epoch_state.get(int(epoch))
             if state is None:  # forgotten under ORDERS_KEPT iterators opened after it
@@ -545,31 +542,79 @@ class ShardPlan:
         if self.hints and fresh:
             self.reader.hint([self.paths[i] for i in fresh])
         layout = layouts[index]
-        blocks = layout.blocks if _is_local(layout) else ()
-        short_circuit = bool(blocks) and layout.size <= self.max_short_circuit
-        if not short_circuit:
-            blocks = ()
+        blocks = layout.blocks if self.short_circuit and _is_local(layout) else ()
         return (
             os.fsencode(self.reader.mount_path(self.paths[index])),
-            np.bool_(short_circuit),
             _object_array([os.fsencode(block.file) for block in blocks]),
             np.array([block.length for block in blocks], dtype=np.int64),
             np.array([block.checksum for block in blocks], dtype=np.uint64).view(np.int64),
             np.int64(layout.size if layout is not None else 0),
         )
 
-    def account(self, short_circuit: np.bool_, ok: np.bool_, size: np.int64) -> np.bool_:
-        if short_circuit and ok:
+    def account(self, from_blocks: np.bool_, failed: np.bool_, size: np.int64) -> np.bool_:
+        """Count one shard read: from its blocks, through the mount, or from its blocks until
+        one failed and through the mount after (a fallback; its bytes count as the mount's)."""
+        if from_blocks and not failed:
             self.reader.stats.add(short_circuit_files=1, short_circuit_bytes=int(size))
         else:
             self.reader.stats.add(
-                fallback_files=int(bool(short_circuit)), mount_files=1, mount_bytes=int(size)
+                fallback_files=int(bool(from_blocks)), mount_files=1, mount_bytes=int(size)
             )
         return np.bool_(True)
 
 
 def _is_local(layout) -> bool:
     return layout is not None and layout.local
+
+
+def _shard_steps(ops, path, files, lengths, checksums, size, account) -> tf.data.Dataset:
+    """One shard from its blocks (``files`` empty: through the mount), as a dataset of steps
+    ``(records, through_mount, skip)``: each block's records, read by the kernel carrying the
+    incomplete record on to the next block; then, where the shard (or its rest) is read
+    through the mount, one step saying so and how many of its records were given already.
+
+    A block that fails stops the block reads: the rest of the shard is read through the mount,
+    its first ``skip`` records (given from the blocks before) skipped. Each record stays whole
+    and checked; after a refresh in between, the two parts could come from two versions of the
+    shard (the file reads of :func:`dataset` never mix; records are the unit here). The last
+    step calls ``account(read from blocks, a block failed, size)``."""
+    count = tf.size(files, out_type=tf.int64)
+    blocks = tf.data.Dataset.from_tensor_slices(
+        (files, lengths, checksums, tf.range(count) == count - 1, tf.ones([count], tf.bool))
+    )
+    end = tf.data.Dataset.from_tensors(  # after the last block: account, maybe the mount
+        (tf.constant(b""), tf.constant(0, tf.int64), tf.constant(0, tf.int64), True, False)
+    )
+    no_records = tf.zeros([0], tf.string)
+    zero = tf.constant(0, tf.int64)
+    no = tf.constant(False)
+
+    def step(state, block):
+        carry, offset, given, failed = state
+        file, length, checksum, last, is_block = block
+
+        def read_block():
+            records, next_carry, next_offset, ok = ops.cachefs_read_tf_record_block(
+                carry, offset, file, length, checksum, last, path
+            )
+            given_now = given + tf.size(records, out_type=tf.int64)
+            # A failed block: no records, and the rest through the mount after `given`.
+            return (next_carry, next_offset, given_now, ~ok), (records, ~ok, given)
+
+        def finish():
+            counted = tf.numpy_function(account, [count > 0, failed, size], tf.bool, stateful=True)
+            with tf.control_dependencies([counted]):
+                through_mount = tf.equal(count, 0)  # not read from blocks at all
+            return state, (no_records, through_mount, zero)
+
+        return tf.cond(
+            is_block,
+            lambda: tf.cond(failed, lambda: (state, (no_records, no, zero)), read_block),
+            finish,
+        )
+
+    initial = (tf.constant(b""), zero, zero, no)
+    return blocks.concatenate(end).scan(initial, step)
 
 
 def tfrecord_dataset(
@@ -588,7 +633,6 @@ def tfrecord_dataset(
     state_dir: str | None = None,
     reader: ShortCircuitReader | None = None,
     engine: str = "auto",
-    max_short_circuit_shard: int = DEFAULT_MAX_SHORT_CIRCUIT_SHARD,
     num_parallel_reads: int = tf.data.AUTOTUNE,
     deterministic: bool = True,
 ) -> tf.data.Dataset:
@@ -597,15 +641,14 @@ def tfrecord_dataset(
     Each epoch orders the shards like :func:`dataset` orders files (``window`` defaults to all
     shards: local shards first, each group shuffled — shards are written shuffled, so their
     order does not sort classes), then reads ``cycle_length`` shards at a time, interleaved.
-    A shard cached here (every block) is read by short-circuit with the native kernel
-    ``CachefsReadTfRecords``: its block files, each verified, framing and record checksums
-    checked as TensorFlow's reader does; it is held in memory whole while its records are
-    given out, so shards over ``max_short_circuit_shard`` bytes, compressed shards, shards
-    whose blocks fail, and every shard when the kernels are not built (``engine="python"``:
-    records need TensorFlow's crc32c) are read with ``tf.data.TFRecordDataset`` through the
-    mount: large sequential reads, where FUSE costs little per byte and the worker's block
-    read-ahead keeps the stream going. As each shard is opened, the next ``hint_shards``
-    uncached shards after the open ones are hinted.
+    A shard cached here (every block) is read by short-circuit, block after block, by the
+    native kernel ``CachefsReadTfRecordBlock``: each block verified, the framing and both
+    record checksums checked as TensorFlow's reader does; only a block and one incomplete
+    record are held at a time. Shards not cached here, compressed shards, the rest of a shard
+    after a block that fails (see :func:`_shard_steps`), and every shard without the native
+    kernels (``engine="python"``: records need TensorFlow's crc32c) are read with
+    ``tf.data.TFRecordDataset`` through the mount. As each shard is opened, the next
+    ``hint_shards`` uncached shards after the open ones are hinted.
     """
     ops = native_ops(engine)
     if compression_type:  # the kernel reads plain TFRecord framing only
@@ -621,7 +664,7 @@ def tfrecord_dataset(
         cycle_length=cycle_length,
         hint_shards=hint_shards,
         hints=hints,
-        max_short_circuit=max_short_circuit_shard if ops is not None else -1,
+        short_circuit=ops is not None,
     )
 
     def begin_epoch(_):
@@ -632,33 +675,36 @@ def tfrecord_dataset(
         positions.set_shape([None])
         return tf.data.Dataset.from_tensor_slices((tf.fill(tf.shape(positions), epoch), positions))
 
+    def through_mount(path, skip):
+        return tf.data.TFRecordDataset(
+            path, compression_type=compression_type, buffer_size=buffer_size
+        ).skip(skip)
+
     def shard_records(epoch, position):
-        path, short_circuit, block_files, lengths, checksums, size = tf.numpy_function(
+        path, block_files, lengths, checksums, size = tf.numpy_function(
             plan.open_shard,
             [epoch, position],
-            (tf.string, tf.bool, tf.string, tf.int64, tf.int64, tf.int64),
+            (tf.string, tf.string, tf.int64, tf.int64, tf.int64),
             stateful=True,
         )
         path.set_shape([])
-        short_circuit.set_shape([])
         size.set_shape([])
+        for column in (block_files, lengths, checksums):
+            column.set_shape([None])
         if ops is None:
-            records, ok = tf.zeros([0], tf.string), tf.constant(False)
-        else:
-            records, ok = tf.cond(
-                short_circuit,
-                lambda: tuple(ops.cachefs_read_tf_records(block_files, lengths, checksums, path)),
-                lambda: (tf.zeros([0], tf.string), tf.constant(False)),
+            counted = tf.numpy_function(plan.account, [False, False, size], tf.bool, stateful=True)
+            with tf.control_dependencies([counted]):
+                return through_mount(tf.identity(path), 0)
+
+        def step_records(records, mount, skip):
+            # The mount only where the step says so: no file, no records otherwise.
+            paths = tf.cond(mount, lambda: tf.reshape(path, [1]), lambda: tf.zeros([0], tf.string))
+            return tf.data.Dataset.from_tensor_slices(records).concatenate(
+                through_mount(paths, skip)
             )
-        counted = tf.numpy_function(plan.account, [short_circuit, ok, size], tf.bool, stateful=True)
-        with tf.control_dependencies([counted]):
-            # The mount only for a shard not read from its blocks: no file, no records.
-            via_mount = tf.cond(ok, lambda: tf.zeros([0], tf.string), lambda: tf.reshape(path, [1]))
-        return tf.data.Dataset.from_tensor_slices(records).concatenate(
-            tf.data.TFRecordDataset(
-                via_mount, compression_type=compression_type, buffer_size=buffer_size
-            )
-        )
+
+        steps = _shard_steps(ops, path, block_files, lengths, checksums, size, plan.account)
+        return steps.flat_map(step_records)
 
     records = (
         tf.data.Dataset.range(1)

@@ -164,27 +164,53 @@ def blocks_of(tmp_path, data: bytes, size: int):
     )
 
 
+def records_by_blocks(ops, files, lengths, sums, shard: str):
+    """Step the block kernel over a shard as the pipeline does, carrying the incomplete record
+    on. Returns the records given and the number of the first block that failed (or None)."""
+    carry, offset, given = b"", 0, []
+    for number in range(len(files)):
+        last = number == len(files) - 1
+        records, carry, offset, ok = ops.cachefs_read_tf_record_block(
+            carry, offset, files[number], lengths[number], sums[number], last, shard
+        )
+        if not bool(ok):
+            assert records.shape == (0,)
+            return given, number
+        given += list(records.numpy())
+    return given, None
+
+
 @pytest.mark.parametrize("block_size", [7, 1000, 1 << 20])
 def test_tfrecords_from_blocks_are_the_records_tensorflow_reads(ops, tmp_path, block_size):
     rng = random.Random(block_size)
     records = [rng.randbytes(rng.choice([0, 1, 11, 999, 5000])) for _ in range(60)]
     shard = tmp_path / "shard.tfrecord"
     data = write_tfrecords(shard, records)
-    got, ok = ops.cachefs_read_tf_records(*blocks_of(tmp_path, data, block_size), str(shard))
-    assert bool(ok)
-    assert (
-        list(got.numpy())
-        == records
-        == list(tf.data.TFRecordDataset(str(shard)).as_numpy_iterator())
-    )
+    got, failed = records_by_blocks(ops, *blocks_of(tmp_path, data, block_size), str(shard))
+    assert failed is None
+    tensorflow_reads = list(tf.data.TFRecordDataset(str(shard)).as_numpy_iterator())
+    assert got == records == tensorflow_reads
 
 
-def test_a_bad_block_of_a_shard_gives_no_records_and_not_ok(ops, tmp_path):
-    data = write_tfrecords(tmp_path / "s.tfrecord", [b"a" * 100] * 30)
+def test_a_bad_block_gives_no_records_and_keeps_the_carry(ops, tmp_path):
+    records = [bytes([n]) * 300 for n in range(30)]
+    data = write_tfrecords(tmp_path / "s.tfrecord", records)
     files, lengths, sums = blocks_of(tmp_path, data, 512)
     os.truncate(files[2], 3)
-    got, ok = ops.cachefs_read_tf_records(files, lengths, sums, "s")
-    assert not bool(ok) and got.shape == (0,)
+    got, failed = records_by_blocks(ops, files, lengths, sums, "s")
+    assert failed == 2
+    assert got == records[: len(got)] and len(got) == (2 * 512) // (300 + 16)  # whole ones only
+    # The failed step hands back the carry and offset it was given, unchanged.
+    carry, offset = b"partial", 1234
+    out, next_carry, next_offset, ok = ops.cachefs_read_tf_record_block(
+        carry, offset, files[2], lengths[2], sums[2], False, "s"
+    )
+    assert (bool(ok), next_carry.numpy(), int(next_offset), out.shape) == (
+        False,
+        carry,
+        offset,
+        (0,),
+    )
 
 
 @pytest.mark.parametrize(
@@ -202,9 +228,18 @@ def test_a_corrupt_shard_is_data_loss_as_with_tensorflows_reader(ops, tmp_path, 
     data = damage(write_tfrecords(shard, [b"x" * 40, b"y" * 40]))
     shard.write_bytes(data)
     with pytest.raises(tf.errors.DataLossError, match=message):
-        ops.cachefs_read_tf_records(*blocks_of(tmp_path, data, 16), "bad.tfrecord")
+        records_by_blocks(ops, *blocks_of(tmp_path, data, 16), "bad.tfrecord")
     with pytest.raises(tf.errors.DataLossError):
         list(tf.data.TFRecordDataset(str(shard)).as_numpy_iterator())
+
+
+def test_the_block_kernel_refuses_bad_arguments(ops, tmp_path):
+    data = write_tfrecords(tmp_path / "s.tfrecord", [b"r"])
+    files, lengths, sums = blocks_of(tmp_path, data, 1 << 20)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="scalar"):
+        ops.cachefs_read_tf_record_block(b"", 0, files, lengths, sums, True, "s")  # vectors
+    with pytest.raises(tf.errors.InvalidArgumentError, match="negative"):
+        ops.cachefs_read_tf_record_block(b"", 0, files[0], -1, sums[0], True, "s")
 
 
 def test_the_library_name_follows_the_source_and_tensorflow(monkeypatch, tmp_path):

@@ -6,10 +6,11 @@
 //   block files; if any of them is missing, short, or fails its checksum, the whole file is read
 //   through the mount instead (never mixed) and `fell_back` says so. Other files are read
 //   through the mount (<mount_root>/<name>).
-// CachefsReadTFRecords: the records of one TFRecord shard from its block files, each block
-//   verified before any record is taken from it; `ok` is false (and no records) if any block
-//   fails, so the caller reads that shard through the mount. Record framing is checked like
-//   TensorFlow's own reader (masked crc32c of length and data): a bad record is DataLoss.
+// CachefsReadTfRecordBlock: one block of a TFRecord shard, verified, after the incomplete record
+//   carried over from the blocks before it: the whole records they hold, and the new carry.
+//   `ok` is false (no records, the carry unchanged) if the block fails: the caller reads the
+//   rest of the shard through the mount. Record framing is checked like TensorFlow's own
+//   reader (masked crc32c of length and data): a bad record is DataLoss, as there.
 //
 // The Python reference of CachefsReadFiles is tf_dataset/reader.py's read_chunk, with the same
 // arguments; tests run both engines over the same files.
@@ -223,7 +224,10 @@ uint64_t LoadU64(const char* p) {
 // Splits TFRecord framing: [length u64][masked crc32c of length u32][data][masked crc32c u32].
 class RecordParser {
  public:
-  explicit RecordParser(std::string name) : name_(std::move(name)) {}
+  RecordParser(std::string shard, uint64_t offset) : shard_(std::move(shard)), offset_(offset) {}
+
+  // Where the bytes not taken yet start in the shard.
+  uint64_t offset() const { return offset_; }
 
   // Takes every whole record from the front of `buffer`, leaving the incomplete tail.
   absl::Status Take(std::string* buffer, std::vector<tstring>* records) {
@@ -250,10 +254,11 @@ class RecordParser {
     return absl::OkStatus();
   }
 
-  absl::Status Finish(const std::string& buffer) {
+  // At the end of the shard nothing may be left over.
+  absl::Status Finish(const std::string& buffer) const {
     if (!buffer.empty()) {
       return absl::DataLossError("truncated record at " + std::to_string(offset_) + " in " +
-                                 name_);
+                                 shard_);
     }
     return absl::OkStatus();
   }
@@ -262,49 +267,44 @@ class RecordParser {
   static constexpr size_t kHeader = 12;
   static constexpr size_t kFooter = 4;
 
-  absl::Status Corrupt(uint64_t at, const char* what) {
+  absl::Status Corrupt(uint64_t at, const char* what) const {
     return absl::DataLossError("corrupted record (" + std::string(what) + " checksum) at " +
-                               std::to_string(at) + " in " + name_);
+                               std::to_string(at) + " in " + shard_);
   }
 
-  std::string name_;
-  uint64_t offset_ = 0;  // of buffer[0] in the shard
+  std::string shard_;
+  uint64_t offset_;
 };
 
-class ReadTFRecordsOp : public OpKernel {
+class ReadTFRecordBlockOp : public OpKernel {
  public:
-  explicit ReadTFRecordsOp(OpKernelConstruction* context) : OpKernel(context) {}
+  explicit ReadTFRecordBlockOp(OpKernelConstruction* context) : OpKernel(context) {}
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& files = context->input(0);
-    const Tensor& lengths = context->input(1);
-    const Tensor& checksums = context->input(2);
-    const Tensor& shard = context->input(3);
-    OP_REQUIRES_OK(context, ValidateBlockTable(files, lengths, checksums));
-    OP_REQUIRES(context, shard.dims() == 0, absl::InvalidArgumentError("shard must be a scalar"));
-    auto file = files.flat<tstring>();
-    auto length = lengths.flat<int64_t>();
-    auto checksum = checksums.flat<int64_t>();
-
-    std::vector<tstring> records;
-    bool ok = true;
-    RecordParser parser{std::string(shard.scalar<tstring>()())};
-    std::string pending;  // an incomplete record carried over from the blocks before
-    for (int64_t b = 0; b < file.size(); ++b) {
-      const size_t kept = pending.size();
-      pending.resize(kept + length(b));
-      char* block = pending.data() + kept;
-      if (!ReadExactly(std::string(file(b)), block, length(b)) ||
-          !Verified(block, length(b), checksum(b))) {
-        ok = false;
-        break;
-      }
-      OP_REQUIRES_OK(context, parser.Take(&pending, &records));
+    for (int input = 0; input < context->num_inputs(); ++input) {
+      OP_REQUIRES(context, context->input(input).dims() == 0,
+                  absl::InvalidArgumentError("every input must be a scalar"));
     }
+    const tstring& carry = context->input(0).scalar<tstring>()();
+    const int64_t carry_offset = context->input(1).scalar<int64_t>()();
+    const std::string file(context->input(2).scalar<tstring>()());
+    const int64_t length = context->input(3).scalar<int64_t>()();
+    const int64_t checksum = context->input(4).scalar<int64_t>()();
+    const bool last = context->input(5).scalar<bool>()();
+    const std::string shard(context->input(6).scalar<tstring>()());
+    OP_REQUIRES(context, length >= 0 && carry_offset >= 0,
+                absl::InvalidArgumentError("a negative block length or carry offset"));
+
+    // The carried bytes, then the block read straight after them.
+    std::string buffer(carry.size() + length, '\0');
+    std::memcpy(buffer.data(), carry.data(), carry.size());
+    char* block = buffer.data() + carry.size();
+    const bool ok = ReadExactly(file, block, length) && Verified(block, length, checksum);
+    std::vector<tstring> records;
+    RecordParser parser(shard, carry_offset);
     if (ok) {
-      OP_REQUIRES_OK(context, parser.Finish(pending));
-    } else {
-      records.clear();
+      OP_REQUIRES_OK(context, parser.Take(&buffer, &records));
+      if (last) OP_REQUIRES_OK(context, parser.Finish(buffer));
     }
 
     Tensor* out = nullptr;
@@ -312,8 +312,14 @@ class ReadTFRecordsOp : public OpKernel {
                                 0, TensorShape({static_cast<int64_t>(records.size())}), &out));
     auto flat = out->flat<tstring>();
     for (size_t r = 0; r < records.size(); ++r) flat(r) = std::move(records[r]);
+    Tensor* next_carry = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({}), &next_carry));
+    next_carry->scalar<tstring>()() = ok ? tstring(buffer) : carry;
+    Tensor* next_offset = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({}), &next_offset));
+    next_offset->scalar<int64_t>()() = ok ? parser.offset() : carry_offset;
     Tensor* ok_out = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({}), &ok_out));
+    OP_REQUIRES_OK(context, context->allocate_output(3, TensorShape({}), &ok_out));
     ok_out->scalar<bool>()() = ok;
   }
 };
@@ -348,19 +354,25 @@ REGISTER_OP("CachefsReadFiles")
       return absl::OkStatus();
     });
 
-REGISTER_OP("CachefsReadTfRecords")
-    .Input("block_files: string")
-    .Input("block_lengths: int64")
-    .Input("block_checksums: int64")
+REGISTER_OP("CachefsReadTfRecordBlock")
+    .Input("carry: string")
+    .Input("carry_offset: int64")
+    .Input("block_file: string")
+    .Input("block_length: int64")
+    .Input("block_checksum: int64")
+    .Input("last: bool")
     .Input("shard: string")  // its name, for error messages
     .Output("records: string")
+    .Output("next_carry: string")
+    .Output("next_offset: int64")
     .Output("ok: bool")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       c->set_output(0, c->Vector(c->UnknownDim()));
-      c->set_output(1, c->Scalar());
+      for (int output = 1; output < 4; ++output) c->set_output(output, c->Scalar());
       return absl::OkStatus();
     });
 
 REGISTER_KERNEL_BUILDER(Name("CachefsReadFiles").Device(DEVICE_CPU), ReadFilesOp);
-REGISTER_KERNEL_BUILDER(Name("CachefsReadTfRecords").Device(DEVICE_CPU), ReadTFRecordsOp);
+REGISTER_KERNEL_BUILDER(Name("CachefsReadTfRecordBlock").Device(DEVICE_CPU),
+                        ReadTFRecordBlockOp);
