@@ -55,6 +55,10 @@ def test_targets_compare_warm_passes_with_tmpfs_and_the_report_shows_them():
     assert "first epoch of a new pipeline" in first["target"]
     assert first["value"] == pytest.approx(0.8) and not first["met"]
     assert not targets([_pass("tmpfs_read_file", 20_000), _pass("cachefs_warm", 10_000)])[0]["met"]
+    # TFRecord passes are held against TFRecordDataset on tmpfs, not against the file passes.
+    (tfrecord,) = targets([_pass("tmpfs_tfrecord", 40_000), _pass("cachefs_tfrecord_warm", 38_000)])
+    assert "TFRecordDataset on tmpfs" in tfrecord["target"]
+    assert tfrecord["value"] == pytest.approx(0.95) and tfrecord["met"]
     assert targets(passes[:1]) == []
     results = {
         "date": "2026-11-21",
@@ -96,6 +100,8 @@ def test_a_tiny_run_reads_every_file_in_every_pass(tmp_path):
             "4",
             "--window",
             "16",
+            "--tfrecord-shards",
+            "2",
             "--workdir",
             str(tmp_path / "work"),
             "--local-root",
@@ -117,9 +123,16 @@ def test_a_tiny_run_reads_every_file_in_every_pass(tmp_path):
         "cachefs_warm_python",
         "cachefs_mount_read_file",
         "blockfiles_read_file",
+        "tmpfs_tfrecord",
+        "cachefs_tfrecord_warm",
+        "cachefs_tfrecord_mount",
         "tmpfs_read_file_last",
     ]
     assert all(p["files"] == 40 for p in results["passes"])
+    tfrecord_warm, tfrecord_mount = results["passes"][8:10]
+    assert tfrecord_warm["reader_stats"]["short_circuit_files"] == 2  # both shards
+    assert tfrecord_warm["reader_stats"]["mount_files"] == 0
+    assert tfrecord_mount["reader_stats"]["mount_files"] == 2
     for warm in results["passes"][2:5]:  # per timed epoch, not summed over the pipeline's
         assert warm["reader_stats"]["short_circuit_files"] == 40
         assert warm["reader_stats"]["mount_files"] == 0
