@@ -6,9 +6,11 @@ cached on this node, prefetch hints for the rest.
     ds = tf_dataset.dataset("imagenet", paths, seed=0, with_paths=True)   # (path, contents)
     records = tf_dataset.tfrecord_dataset("imagenet-tfr", "train-*.tfrecord")
 
-Modules: ``order`` (epoch order, pure), ``reader`` (the short-circuit reader; no TensorFlow),
-``pipeline`` (the tf.data glue; imported only when :func:`dataset` or
-:func:`tfrecord_dataset` is first used, so the rest works without TensorFlow).
+Modules: ``order`` (epoch order, pure), ``reader`` (the short-circuit reader and the Python
+reference of the read kernel; no TensorFlow), ``native`` (the C++ read kernels and their build:
+``python -m tf_dataset.native``), ``pipeline`` (the tf.data glue; imported only when
+:func:`dataset` or :func:`tfrecord_dataset` is first used, so the rest works without
+TensorFlow).
 
 Talks to the worker only through ``cachefs.client`` (import-linter enforces it).
 """

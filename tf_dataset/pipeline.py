@@ -504,8 +504,9 @@ class ShardPlan:
         self.short_circuit = short_circuit
         self._epochs = itertools.count()
         self._lock = threading.Lock()
-        # epoch → (order, layouts, the shards hinted so far)
-        self._epoch_state: OrderedDict[int, tuple[list[int], list, set[int]]] = OrderedDict()
+        # epoch → (order, layouts, the shards hinted so far, where shards go on through the
+        # mount: position → (mount path, records to skip there))
+        self._epoch_state: OrderedDict[int, tuple[list[int], list, set[int], dict]] = OrderedDict()
 
     def begin_epoch(self) -> tuple[np.int64, np.ndarray]:
         """A new iterator's epoch number and the positions of its shards (0, 1, …)."""
@@ -516,7 +517,7 @@ class ShardPlan:
             order = epoch_order(
                 local, seed=self.seed, epoch=epoch, window=self.window, shuffle=self.shuffle
             )
-            self._epoch_state[epoch] = (order, layouts, set())
+            self._epoch_state[epoch] = (order, layouts, set(), {})
             while len(self._epoch_state) > ORDERS_KEPT:
                 self._epoch_state.popitem(last=False)
         return np.int64(epoch), np.arange(len(order), dtype=np.int64)
@@ -527,10 +528,7 @@ class ShardPlan:
         without short-circuit), and its size. Hints the next ``hint_shards`` uncached shards
         after the ones being read."""
         with self._lock:
-            state = self._epoch_state.get(int(epoch))
-            if state is None:  # forgotten under ORDERS_KEPT iterators opened after it
-                raise RuntimeError(f"epoch {int(epoch)} of this tfrecord_dataset is no longer open")
-            order, layouts, hinted = state
+            order, layouts, hinted, _ = self._state(epoch)
             start = int(position) + self.cycle_length
             fresh = [
                 i
@@ -551,43 +549,68 @@ class ShardPlan:
             np.int64(layout.size if layout is not None else 0),
         )
 
-    def account(self, from_blocks: np.bool_, failed: np.bool_, size: np.int64) -> np.bool_:
-        """Count one shard read: from its blocks, through the mount, or from its blocks until
-        one failed and through the mount after (a fallback; its bytes count as the mount's)."""
+    def end_of_blocks(
+        self,
+        epoch: np.int64,
+        position: np.int64,
+        path: bytes,
+        size: np.int64,
+        from_blocks: np.bool_,
+        failed: np.bool_,
+        given: np.int64,
+    ) -> np.bool_:
+        """The blocks of the shard at ``position`` are done (all read, the first that failed,
+        or none to read): count the shard, and say where it goes on through the mount — all
+        of it, or after the ``given`` records read from its blocks — for :meth:`rest_of_shard`.
+        A fallback's bytes count as the mount's."""
         if from_blocks and not failed:
             self.reader.stats.add(short_circuit_files=1, short_circuit_bytes=int(size))
-        else:
-            self.reader.stats.add(
-                fallback_files=int(bool(from_blocks)), mount_files=1, mount_bytes=int(size)
-            )
+            return np.bool_(True)
+        self.reader.stats.add(
+            fallback_files=int(bool(from_blocks)), mount_files=1, mount_bytes=int(size)
+        )
+        with self._lock:
+            self._state(epoch)[3][int(position)] = (path, int(given) if failed else 0)
         return np.bool_(True)
+
+    def rest_of_shard(self, epoch: np.int64, position: np.int64) -> tuple[np.ndarray, np.int64]:
+        """Where the shard at ``position`` goes on through the mount: its path (none: nothing
+        left) and how many of its records to skip there."""
+        with self._lock:
+            rest = self._state(epoch)[3].pop(int(position), None)
+        if rest is None:
+            return _object_array([]), np.int64(0)
+        path, skip = rest
+        return _object_array([path]), np.int64(skip)
+
+    def _state(self, epoch: np.int64):
+        state = self._epoch_state.get(int(epoch))
+        if state is None:  # forgotten under ORDERS_KEPT iterators opened after it
+            raise RuntimeError(f"epoch {int(epoch)} of this tfrecord_dataset is no longer open")
+        return state
 
 
 def _is_local(layout) -> bool:
     return layout is not None and layout.local
 
 
-def _shard_steps(ops, path, files, lengths, checksums, size, account) -> tf.data.Dataset:
-    """One shard from its blocks (``files`` empty: through the mount), as a dataset of steps
-    ``(records, through_mount, skip)``: each block's records, read by the kernel carrying the
-    incomplete record on to the next block; then, where the shard (or its rest) is read
-    through the mount, one step saying so and how many of its records were given already.
+def _block_records(ops, path, files, lengths, checksums, end_of_blocks, context) -> tf.data.Dataset:
+    """The records of a shard read from its blocks (none: ``files`` empty), block after block,
+    the kernel carrying the incomplete record on to the next block, until the last block or
+    the first that fails. Then ``end_of_blocks(*context, read from blocks, a block failed,
+    records given)`` is called, once (the caller goes on through the mount from there).
 
-    A block that fails stops the block reads: the rest of the shard is read through the mount,
-    its first ``skip`` records (given from the blocks before) skipped. Each record stays whole
-    and checked; after a refresh in between, the two parts could come from two versions of the
-    shard (the file reads of :func:`dataset` never mix; records are the unit here). The last
-    step calls ``account(read from blocks, a block failed, size)``."""
+    Records come out of the kernel's output by ``unbatch``, which moves them: slicing them with
+    ``from_tensor_slices`` copied each one again and cost ~20 % of the throughput here."""
     count = tf.size(files, out_type=tf.int64)
     blocks = tf.data.Dataset.from_tensor_slices(
         (files, lengths, checksums, tf.range(count) == count - 1, tf.ones([count], tf.bool))
     )
-    end = tf.data.Dataset.from_tensors(  # after the last block: account, maybe the mount
+    end = tf.data.Dataset.from_tensors(  # after the last block
         (tf.constant(b""), tf.constant(0, tf.int64), tf.constant(0, tf.int64), True, False)
     )
     no_records = tf.zeros([0], tf.string)
     zero = tf.constant(0, tf.int64)
-    no = tf.constant(False)
 
     def step(state, block):
         carry, offset, given, failed = state
@@ -598,23 +621,23 @@ def _shard_steps(ops, path, files, lengths, checksums, size, account) -> tf.data
                 carry, offset, file, length, checksum, last, path
             )
             given_now = given + tf.size(records, out_type=tf.int64)
-            # A failed block: no records, and the rest through the mount after `given`.
-            return (next_carry, next_offset, given_now, ~ok), (records, ~ok, given)
+            return (next_carry, next_offset, given_now, ~ok), records
 
         def finish():
-            counted = tf.numpy_function(account, [count > 0, failed, size], tf.bool, stateful=True)
-            with tf.control_dependencies([counted]):
-                through_mount = tf.equal(count, 0)  # not read from blocks at all
-            return state, (no_records, through_mount, zero)
+            done = tf.numpy_function(
+                end_of_blocks, [*context, count > 0, failed, given], tf.bool, stateful=True
+            )
+            with tf.control_dependencies([done]):
+                return state, tf.identity(no_records)
 
         return tf.cond(
             is_block,
-            lambda: tf.cond(failed, lambda: (state, (no_records, no, zero)), read_block),
+            lambda: tf.cond(failed, lambda: (state, no_records), read_block),
             finish,
         )
 
-    initial = (tf.constant(b""), zero, zero, no)
-    return blocks.concatenate(end).scan(initial, step)
+    initial = (tf.constant(b""), zero, zero, tf.constant(False))
+    return blocks.concatenate(end).scan(initial, step).unbatch()
 
 
 def tfrecord_dataset(
@@ -675,9 +698,9 @@ def tfrecord_dataset(
         positions.set_shape([None])
         return tf.data.Dataset.from_tensor_slices((tf.fill(tf.shape(positions), epoch), positions))
 
-    def through_mount(path, skip):
+    def through_mount(paths, skip):
         return tf.data.TFRecordDataset(
-            path, compression_type=compression_type, buffer_size=buffer_size
+            paths, compression_type=compression_type, buffer_size=buffer_size
         ).skip(skip)
 
     def shard_records(epoch, position):
@@ -691,20 +714,31 @@ def tfrecord_dataset(
         size.set_shape([])
         for column in (block_files, lengths, checksums):
             column.set_shape([None])
+
+        shard = [epoch, position, path, size]  # what end_of_blocks is told first
         if ops is None:
-            counted = tf.numpy_function(plan.account, [False, False, size], tf.bool, stateful=True)
-            with tf.control_dependencies([counted]):
-                return through_mount(tf.identity(path), 0)
-
-        def step_records(records, mount, skip):
-            # The mount only where the step says so: no file, no records otherwise.
-            paths = tf.cond(mount, lambda: tf.reshape(path, [1]), lambda: tf.zeros([0], tf.string))
-            return tf.data.Dataset.from_tensor_slices(records).concatenate(
-                through_mount(paths, skip)
+            done = tf.numpy_function(
+                plan.end_of_blocks, [*shard, False, False, 0], tf.bool, stateful=True
             )
+            with tf.control_dependencies([done]):
+                return through_mount(tf.reshape(path, [1]), 0)
 
-        steps = _shard_steps(ops, path, block_files, lengths, checksums, size, plan.account)
-        return steps.flat_map(step_records)
+        def rest(_):
+            # Built once the blocks are done (concatenate opens it only then): the shard's
+            # rest through the mount, or nothing.
+            paths, skip = tf.numpy_function(
+                plan.rest_of_shard, [epoch, position], (tf.string, tf.int64), stateful=True
+            )
+            paths.set_shape([None])
+            skip.set_shape([])
+            # Through an Identity: a skip count that is output 1 of a multi-output op makes
+            # TensorFlow 2.21's tf.data graph optimizer (noop elimination) crash the process.
+            return through_mount(paths, tf.identity(skip))
+
+        from_blocks = _block_records(
+            ops, path, block_files, lengths, checksums, plan.end_of_blocks, shard
+        )
+        return from_blocks.concatenate(tf.data.Dataset.range(1).flat_map(rest))
 
     records = (
         tf.data.Dataset.range(1)
