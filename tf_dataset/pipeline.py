@@ -561,16 +561,22 @@ class ShardPlan:
     ) -> np.bool_:
         """The blocks of the shard at ``position`` are done (all read, the first that failed,
         or none to read): count the shard, and say where it goes on through the mount — all
-        of it, or after the ``given`` records read from its blocks — for :meth:`rest_of_shard`.
-        A fallback's bytes count as the mount's."""
+        of it, or after the ``given`` records read from its blocks — for :meth:`rest_of_shard`."""
+        self.account(from_blocks, failed, size)
+        if not from_blocks or failed:
+            with self._lock:
+                self._state(epoch)[3][int(position)] = (path, int(given) if failed else 0)
+        return np.bool_(True)
+
+    def account(self, from_blocks: np.bool_, failed: np.bool_, size: np.int64) -> np.bool_:
+        """Count one shard: read from its blocks, through the mount, or from its blocks until
+        one failed and through the mount after (a fallback; its bytes count as the mount's)."""
         if from_blocks and not failed:
             self.reader.stats.add(short_circuit_files=1, short_circuit_bytes=int(size))
-            return np.bool_(True)
-        self.reader.stats.add(
-            fallback_files=int(bool(from_blocks)), mount_files=1, mount_bytes=int(size)
-        )
-        with self._lock:
-            self._state(epoch)[3][int(position)] = (path, int(given) if failed else 0)
+        else:
+            self.reader.stats.add(
+                fallback_files=int(bool(from_blocks)), mount_files=1, mount_bytes=int(size)
+            )
         return np.bool_(True)
 
     def rest_of_shard(self, epoch: np.int64, position: np.int64) -> tuple[np.ndarray, np.int64]:
@@ -667,11 +673,14 @@ def tfrecord_dataset(
     A shard cached here (every block) is read by short-circuit, block after block, by the
     native kernel ``CachefsReadTfRecordBlock``: each block verified, the framing and both
     record checksums checked as TensorFlow's reader does; only a block and one incomplete
-    record are held at a time. Shards not cached here, compressed shards, the rest of a shard
-    after a block that fails (see :func:`_shard_steps`), and every shard without the native
-    kernels (``engine="python"``: records need TensorFlow's crc32c) are read with
-    ``tf.data.TFRecordDataset`` through the mount. As each shard is opened, the next
-    ``hint_shards`` uncached shards after the open ones are hinted.
+    record are held at a time. Shards not cached here, compressed shards, and every shard
+    without the native kernels (``engine="python"``: records need TensorFlow's crc32c) are read
+    with ``tf.data.TFRecordDataset`` through the mount. So is the rest of a shard after a
+    block that fails (evicted or damaged since the epoch began), its first records — those
+    given from the blocks before — skipped: every record once, whole and checked. (After a
+    refresh in between, the two parts could come from two versions of the shard: records, not
+    shards, are the unit here; :func:`dataset` never mixes versions within a file.) As each
+    shard is opened, the next ``hint_shards`` uncached shards after the open ones are hinted.
     """
     ops = native_ops(engine)
     if compression_type:  # the kernel reads plain TFRecord framing only
@@ -715,12 +724,9 @@ def tfrecord_dataset(
         for column in (block_files, lengths, checksums):
             column.set_shape([None])
 
-        shard = [epoch, position, path, size]  # what end_of_blocks is told first
         if ops is None:
-            done = tf.numpy_function(
-                plan.end_of_blocks, [*shard, False, False, 0], tf.bool, stateful=True
-            )
-            with tf.control_dependencies([done]):
+            counted = tf.numpy_function(plan.account, [False, False, size], tf.bool, stateful=True)
+            with tf.control_dependencies([counted]):
                 return through_mount(tf.reshape(path, [1]), 0)
 
         def rest(_):
@@ -735,6 +741,7 @@ def tfrecord_dataset(
             # TensorFlow 2.21's tf.data graph optimizer (noop elimination) crash the process.
             return through_mount(paths, tf.identity(skip))
 
+        shard = [epoch, position, path, size]  # what end_of_blocks is told first
         from_blocks = _block_records(
             ops, path, block_files, lengths, checksums, plan.end_of_blocks, shard
         )

@@ -33,12 +33,11 @@
 
 // Debian's libxxhash is built with runtime dispatch (AVX2/AVX-512 where the CPU has them):
 // several times faster than the SSE2 baseline a portable build compiles to.
-#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
 #include <xxhash.h>
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
 #include <xxh_x86dispatch.h>
 #define CACHEFS_XXH3_64 XXH3_64bits_dispatch
 #else
-#include <xxhash.h>
 #define CACHEFS_XXH3_64 XXH3_64bits
 #endif
 
