@@ -9,12 +9,19 @@ worker, which owns the cache.
 The pool starts its processes with ``forkserver``: forking the worker itself (threads, a FUSE
 session) would copy locks held by other threads. ``processes=0`` fetches in the calling thread
 instead (no extra processes; for small machines and tests).
+
+Each fetcher exits when the worker that owns the pool does, however it ends: a pool worker
+blocks on a queue whose write end it holds itself, and holds the forkserver's "alive" pipe, so
+after a SIGKILL of the worker (an OOM kill) neither would ever see EOF — they ran on forever.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import select
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 from cachefs.errors import CachefsError, StoreError
@@ -39,6 +46,29 @@ def fetch_range(config: StoreConfig, key: str, offset: int, length: int, etag: s
         return ("error", str(exc))
 
 
+def exit_with(owner: int) -> None:
+    """Runs first in each pool process: a daemon thread ends the process when ``owner`` (the
+    worker's pid, alive when this runs) exits. A pidfd names that very process (no pid reuse);
+    where there is none (Linux < 5.3), the pid is polled once a second."""
+
+    def watch() -> None:
+        try:
+            owner_fd = os.pidfd_open(owner)
+        except ProcessLookupError:
+            os._exit(0)
+        except (AttributeError, OSError):
+            while True:
+                time.sleep(1.0)
+                try:
+                    os.kill(owner, 0)
+                except ProcessLookupError:
+                    os._exit(0)
+        select.select([owner_fd], [], [])  # readable once the owner has exited
+        os._exit(0)
+
+    threading.Thread(target=watch, name="cachefs-fetcher-owner", daemon=True).start()
+
+
 class FetchFailed(StoreError):
     pass
 
@@ -53,7 +83,10 @@ class FetcherPool:
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
-                    self.processes, mp_context=multiprocessing.get_context("forkserver")
+                    self.processes,
+                    mp_context=multiprocessing.get_context("forkserver"),
+                    initializer=exit_with,
+                    initargs=(os.getpid(),),
                 )
             return self._pool
 
