@@ -289,7 +289,7 @@ class EpochPlan:
             cached = [
                 (index, layout.blocks)
                 for index, layout in zip(unknown, layouts, strict=True)
-                if layout is not None and layout.local and layout.snapshot == snapshot
+                if _is_local(layout) and layout.snapshot == snapshot
             ]
             self._local.learn([index for index, _ in cached], [blocks for _, blocks in cached])
 
@@ -511,7 +511,7 @@ class ShardPlan:
     def begin_epoch(self) -> tuple[np.int64, np.ndarray]:
         """A new iterator's epoch number and the positions of its shards (0, 1, …)."""
         layouts = self.reader.resolve(self.paths)
-        local = [layout is not None and layout.local for layout in layouts]
+        local = [_is_local(layout) for layout in layouts]
         with self._lock:
             epoch = next(self._epochs)
             order = epoch_order(

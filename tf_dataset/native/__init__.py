@@ -82,7 +82,7 @@ def build(force: bool = False) -> str:
 
 @functools.lru_cache(maxsize=1)
 def load():
-    """The loaded op module (``cachefs_read_files``, ``cachefs_read_tf_records``).
+    """The loaded op module (``cachefs_read_files``, ``cachefs_read_tf_record_block``).
 
     Raises :class:`NativeUnavailable` saying why, and how to build it."""
     import tensorflow as tf
