@@ -16,6 +16,7 @@ import httpx
 
 from cachefs.client import CoordinatorClient
 from tests.fakes.moto import free_port
+from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import REPO_ROOT, WorkerProcess, log_tail
 
 TOKEN = "test-token-0123456789"
@@ -44,7 +45,7 @@ class CoordinatorProcess:
         self.log_path = os.path.join(base_dir, "coordinator.log")
         self.client = CoordinatorClient(self.url, TOKEN, timeout=30)
 
-    def start(self, timeout: float = 30.0) -> CoordinatorProcess:
+    def start(self, timeout: float = WAIT_S) -> CoordinatorProcess:
         os.makedirs(self.base_dir, exist_ok=True)
         args = [
             sys.executable, "-m", "cachefs", "coordinator", "--state", self.state,
@@ -171,11 +172,11 @@ class Cluster:
                 wait_for(lambda w=worker: os.path.isdir(w.path(name)), f"{name} on {worker.node}")
         return result
 
-    def preload(self, name: str, timeout: float = 120.0, **selection) -> dict:
+    def preload(self, name: str, timeout: float = WAIT_S, **selection) -> dict:
         self.client.preload(name, **selection)
         return self.wait_preload(name, timeout)
 
-    def wait_preload(self, name: str, timeout: float = 120.0) -> dict:
+    def wait_preload(self, name: str, timeout: float = WAIT_S) -> dict:
         job = {}
 
         def over() -> bool:
@@ -194,18 +195,6 @@ class Cluster:
             worker.cleanup()
         self.coordinator.cleanup()
         shutil.rmtree(self.base_dir, ignore_errors=True)
-
-
-def wait_for(condition, what: str, timeout: float = 30.0, interval: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except Exception:  # the thing waited for may not answer yet
-            pass
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def read_all(mount: str, files: dict[str, bytes], name: str = "ds") -> list[str]:
@@ -238,5 +227,5 @@ def locality_settled(cluster: Cluster, name: str, expected: int) -> dict:
         report = cluster.client.locality(name)
         return report["cached_bytes"] == expected
 
-    wait_for(settled, f"{expected} cached bytes of {name} in the locality API", timeout=15)
+    wait_for(settled, f"{expected} cached bytes of {name} in the locality API")
     return report

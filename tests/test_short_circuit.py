@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import pytest
 
 from cachefs.client import ControlClient, ControlError
 from cachefs.worker import Prefetcher
+from tests.waiting import wait_for
 from tests.worker_process import WorkerProcess, drop_page_cache, start_s3_world
 from tf_dataset.reader import CachedBlock, FileLayout, ShortCircuitReader, read_block_file
 
@@ -50,15 +50,6 @@ def read_through_mount(worker: WorkerProcess, key: str) -> bytes:
 
 def blocks_of(size: int) -> int:
     return (size + BLOCK - 1) // BLOCK
-
-
-def wait_for(condition, what: str, timeout: float = 60.0) -> None:
-    """Poll until ``condition()`` holds (a wait for background work, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_batch_resolve_of_cached_files_reads_back_byte_exact_without_fuse(world):

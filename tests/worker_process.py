@@ -17,6 +17,7 @@ import uuid
 from types import SimpleNamespace
 
 from cachefs.client import ControlClient
+from tests.waiting import WAIT_S
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,7 +81,7 @@ class WorkerProcess:
         self.client = ControlClient(self.state, timeout=120)
         self.log_path = os.path.join(base_dir, "worker.log")
 
-    def start(self, timeout: float = 60.0) -> WorkerProcess:
+    def start(self, timeout: float = WAIT_S) -> WorkerProcess:
         os.makedirs(self.base_dir, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(

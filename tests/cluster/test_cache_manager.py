@@ -71,7 +71,7 @@ def copy_of(cluster: Cluster, dataset: str, copy_id: str) -> dict:
     return next(c for c in cluster.client.dataset(dataset)["copies"] if c["id"] == copy_id)
 
 
-def fill_done(cluster: Cluster, dataset: str, copy_id: str, timeout: float = 60) -> None:
+def fill_done(cluster: Cluster, dataset: str, copy_id: str, timeout: float | None = None) -> None:
     wait_for(
         lambda: copy_of(cluster, dataset, copy_id)["fill"] is None,
         f"fill of copy {copy_id} of {dataset}",
@@ -204,7 +204,7 @@ def test_ttl_frees_an_idle_copy_lock_never_and_the_reserve_stays(tmp_path, bucke
                 cached_on(cluster, node, "old") == reserved_by_old[node] for node in reserved
             ) and any(e["kind"] == "freed" for e in cluster.client.events("old"))
 
-        wait_for(freed, "ttl cleanup of old", timeout=30)
+        wait_for(freed, "ttl cleanup of old")
         assert any("ttl" in e["message"] for e in cluster.client.events("old"))
         # "ds" (lock) is whole, the reserve (its first blocks) untouched.
         assert sum(cached_on(cluster, w.node, "ds") for w in cluster.workers) == total_bytes(locked)
@@ -252,7 +252,6 @@ def test_lru_frees_the_older_dataset_first_and_keeps_the_reserve(tmp_path, bucke
         wait_for(
             lambda: cached_on(cluster, "n1", "old") == reserve_of_old,
             "lru cleanup of old",
-            timeout=30,
         )
         assert cached_on(cluster, "n1", "new") == sizes["new"]  # the newer one stays
         assert any("least recently used" in e["message"] for e in cluster.client.events("old"))

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+from tests.waiting import WAIT_S
 from tests.worker_process import REPO_ROOT
 
 OWNER = textwrap.dedent(
@@ -62,7 +63,7 @@ def test_fetchers_and_their_forkserver_end_when_their_owner_is_killed(tmp_path):
         assert all(alive(pid) for pid in helpers)
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
-        deadline = time.monotonic() + 30  # a bounded wait for them to go, not a timing check
+        deadline = time.monotonic() + WAIT_S  # a bounded wait for them to go, not a timing check
         while any(alive(pid) for pid in helpers) and time.monotonic() < deadline:
             time.sleep(0.1)
         left = [pid for pid in helpers if alive(pid)]

@@ -27,6 +27,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import status_code_conformance
 
 from tests.fakes.moto import free_port
+from tests.waiting import WAIT_S
 
 TOKEN = "fuzz-token-7c1e"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -65,7 +66,7 @@ def coordinator(tmp_path_factory) -> Iterator[Coordinator]:
     with open(log, "wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT_S
         while True:
             assert process.poll() is None, log.read_text()
             try:

@@ -12,6 +12,7 @@ import time
 
 import httpx
 
+from tests.waiting import WAIT_S
 from tests.worker_process import REPO_ROOT, WorkerProcess
 
 
@@ -52,7 +53,7 @@ def test_placement_uses_the_workers_live_cached_bytes(tmp_path):
         )
         url = f"http://127.0.0.1:{port}/v1/placement"
         body = {"name": "train-1", "dataset": "imagenet", "gpus": 2, "policy": "tdcs"}
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT_S
         while True:
             try:
                 response = httpx.post(url, json=body, timeout=10)

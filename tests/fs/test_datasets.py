@@ -4,12 +4,12 @@ Real worker process, real FUSE mount, real S3 endpoint (moto server)."""
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
 import pytest
 
 from cachefs.client import ControlError
+from tests.waiting import wait_for
 from tests.worker_process import WorkerProcess, drop_page_cache
 
 
@@ -187,9 +187,7 @@ def test_periodic_refresh_picks_up_new_objects(worker, tmp_path):
     worker.add_dataset("ds", f"file://{source}", refresh_interval_s=1.0)
     assert os.listdir(worker.path("ds")) == ["a.bin"]
     (source / "b.bin").write_bytes(b"b")
-    for _ in range(100):  # bounded: the interval is 1 s, housekeeping ticks every second
-        if worker.dataset_status("ds")["files"] == 2:
-            break
-        time.sleep(0.1)
+    # The interval is 1 s and housekeeping ticks every second: wait for the refresh to land.
+    wait_for(lambda: worker.dataset_status("ds")["files"] == 2, "the periodic refresh")
     assert worker.dataset_status("ds")["generation"] >= 2
     assert read_file(worker.path("ds", "b.bin")) == b"b"

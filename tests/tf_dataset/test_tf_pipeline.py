@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.waiting import WAIT_S
 from tests.worker_process import WorkerProcess, drop_page_cache, start_s3_world
 
 tf = pytest.importorskip("tensorflow")  # a guard only: CI installs the [tf] extra
@@ -60,7 +61,7 @@ def start_world(moto_s3, fault_proxy, tmp_path):
         worker.cleanup()
 
 
-def wait_for_hints_processed(worker: WorkerProcess, timeout: float = 60.0) -> None:
+def wait_for_hints_processed(worker: WorkerProcess, timeout: float = WAIT_S) -> None:
     """Poll until the worker's prefetch queue is empty (waiting, not a timing assertion)."""
     deadline = time.monotonic() + timeout
     while worker.status()["prefetch"]["queued_files"]:
