@@ -74,7 +74,10 @@ def test_measure_thrash_small_run(small_dataset, tmp_path, policy):
         assert epoch["store_gets"] == epoch["misses"]
         assert epoch["hit_ratio"] == pytest.approx(1 - epoch["misses"] / FILES)
         assert 0 < epoch["cached_bytes"] <= cache_bytes
-    assert epochs[0]["hits"] == 0 and epochs[0]["misses"] == FILES
+    # Every file's first read reaches the store. (Not "no hits": a file whose pages the page
+    # cache dropped between two of its READs — memory pressure, drop_caches by another process —
+    # is read again, and under lru that second READ hits the block its first READ admitted.)
+    assert epochs[0]["misses"] == FILES
     assert result["steady_hit_ratio"] == epochs[1]["hit_ratio"]
     if policy == "avoid-eviction":
         assert epochs[1]["hit_ratio"] >= 0.5 * result["capacity_ratio"]
