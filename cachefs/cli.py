@@ -21,8 +21,10 @@ from --state / CACHEFS_STATE (default /var/lib/cachefs as root).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
 import time
 
@@ -30,14 +32,18 @@ from cachefs.client import (
     ControlClient,
     ControlError,
     CoordinatorClient,
+    InvalidField,
     WorkerNotRunning,
     coordinator_url,
     default_state_dir,
     find_token,
+    one_line,
 )
-from cachefs.errors import CachefsError, ConfigError
-from cachefs.protocol import DEFAULT_BLOCK_SIZE
+from cachefs.errors import CachefsError, ConfigError, EmptySource, StoreError
+from cachefs.protocol import DEFAULT_BLOCK_SIZE, CleanupPolicy, DatasetSpec
 from cachefs.units import format_size, parse_duration, parse_size
+
+log = logging.getLogger(__name__)
 
 
 def _parse_ssd(text: str) -> tuple[str, int]:
@@ -294,8 +300,14 @@ def cmd_dataset_add(args) -> int:
         "cleanup": args.cleanup,
         "nodes": _names(args.nodes) if args.nodes else None,
     }
+    # The rules the worker and the coordinator apply, checked here too: one line before
+    # anything is sent, whichever receives it.
+    policy = {k: v for k, v in sharing.items() if k != "nodes" and v is not None}
+    DatasetSpec.from_json({**spec, **policy})
     cluster = _coordinator(args)
     if cluster is not None:
+        if not args.allow_empty:
+            _refuse_an_empty_listing(spec)
         with cluster:
             body = {k: v for k, v in {**spec, **sharing}.items() if v is not None}
             result = cluster.add_dataset(body)
@@ -307,10 +319,38 @@ def cmd_dataset_add(args) -> int:
             f"{', '.join(given)} need a coordinator (jobs, copies and cleanup are the "
             "coordinator's): pass --coordinator URL or set CACHEFS_COORDINATOR"
         )
-    with ControlClient(args.state) as client:
-        result = client.add_dataset(spec)
+    goes_on = f"the worker may still add dataset {args.name!r}: `cachefs dataset ls`"
+    with ControlClient(args.state) as client, _waiting(goes_on):
+        result = client.add_dataset(spec, allow_empty=args.allow_empty)
     _print_result(args, result, f"dataset {args.name!r} added")
     return 0
+
+
+def _refuse_an_empty_listing(spec: dict) -> None:
+    """Cluster mode: a source that lists no object (a mistyped prefix, most likely) is refused
+    before the coordinator accepts it, since its workers list the source only later. One
+    LIST request, from where the CLI runs: if it cannot list from here (no credentials here, a
+    file:// path only the workers have), it says so and adds the dataset unchecked."""
+    from cachefs.store import open_store
+    from cachefs.worker import Worker
+
+    config = Worker.store_config(DatasetSpec.from_json(spec))
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # "found credentials": noise here
+    try:
+        store = open_store(config)
+        try:
+            first = next(iter(store.list()), None)
+        finally:
+            store.close()
+    except StoreError as exc:
+        print(
+            f"cachefs: note: could not list {spec['uri']} from here, so it is added unchecked "
+            f"({one_line(str(exc), 200)})",
+            file=sys.stderr,
+        )
+        return
+    if first is None:
+        raise EmptySource(spec["name"], spec["uri"])
 
 
 def cmd_dataset_set(args) -> int:
@@ -323,6 +363,8 @@ def cmd_dataset_set(args) -> int:
         changes["cleanup"] = args.cleanup
     if not changes:
         raise ConfigError("dataset set needs --max-jobs-per-copy, --overflow or --cleanup")
+    if args.cleanup:
+        CleanupPolicy.parse(args.cleanup)  # the coordinator's rule, as one line before sending
     with _cluster_client(args) as client:
         result = client.update_policy(args.name, **changes)
     _print_result(args, result, f"dataset {args.name!r}: policy changed")
@@ -355,15 +397,27 @@ def cmd_job_submit(args) -> int:
             lease_s=lease_s,
         )
         if not args.json:
-            print(_job_line(job))
+            print(_job_line(job), flush=True)  # shown before a --wait, also through a pipe
             if args.explain:
                 for row in job["ranking"]:
                     print(f"  {row['node']:<16} {row['why']}")
         if args.wait and job["state"] == "suspended":
-            job = _wait_for_promotion(client, job, quiet=args.json)
+            with _waiting(_still_queued(job)):
+                job = _wait_for_promotion(client, job, quiet=args.json)
     if args.json:
         print(json.dumps(job, indent=2))
     return 0
+
+
+def _still_queued(job: dict) -> str:
+    """What goes on when the user stops waiting for a suspended job."""
+    lease = job.get("lease_s")  # 0: held until released
+    released = f"; released unless renewed within {lease:g} s" if lease else ""
+    return (
+        f"job {job['id']} stays queued for dataset {job['dataset']!r}{released}: "
+        f"`cachefs job show {job['id']} --wait` waits again, "
+        f"`cachefs job release {job['id']}` gives up its place"
+    )
 
 
 def _wait_for_promotion(client: CoordinatorClient, job: dict, *, quiet: bool) -> dict:
@@ -379,7 +433,8 @@ def cmd_job_show(args) -> int:
     with _cluster_client(args) as client:
         job = client.job(args.job)
         if args.wait and job["state"] == "suspended":
-            job = _wait_for_promotion(client, job, quiet=True)
+            with _waiting(_still_queued(job)):
+                job = _wait_for_promotion(client, job, quiet=True)
     if args.json:
         print(json.dumps(job, indent=2))
         return 0
@@ -558,7 +613,9 @@ def cmd_preload(args) -> int:
         else:
             job = client.preload_status(dataset)
         if args.wait:
-            job = _wait_for_preload(client, dataset, json_output=args.json)
+            goes_on = f"the preload of {dataset!r} goes on: `cachefs preload status {dataset}`"
+            with _waiting(goes_on):
+                job = _wait_for_preload(client, dataset, json_output=args.json)
         if args.json:
             print(json.dumps(job, indent=2))
         elif verb in ("status", "cancel") or args.wait:
@@ -899,6 +956,11 @@ def _add_other_commands(sub) -> None:
     )
     add.add_argument("--cleanup", help="lock (default), lru or ttl:<duration>, e.g. ttl:6h")
     add.add_argument("--nodes", action="append", help="nodes of the first copy (default all)")
+    add.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="add it even if the source lists no file (refused otherwise: a mistyped prefix?)",
+    )
     add.add_argument("--json", action="store_true")
     add.set_defaults(func=cmd_dataset_add)
     policy = dataset.add_parser("set", help="change a dataset's sharing and cleanup policy")
@@ -934,6 +996,73 @@ def _add_other_commands(sub) -> None:
     demo.set_defaults(func=cmd_demo)
 
 
+# --- the entry point: every failure is one line on stderr and an exit status -----------------
+
+#: Exit statuses. 0: done; 2: a usage error (argparse's, with the usage); and:
+EXIT_FAILED = 1  # refused or failed; one line on stderr says why
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); one line says what goes on without us
+# The reader of our output went away (`cachefs … | head -1`): nothing more is printed, and the
+# status is a shell's for a command SIGPIPE ended (128 + 13), so `set -o pipefail` scripts see
+# cachefs as they see `yes | head -1`.
+EXIT_BROKEN_PIPE = 141
+
+#: Request fields the worker or the coordinator may refuse, as the CLI's options that set them
+#: (the others are spelled as their option: max_jobs_per_copy is --max-jobs-per-copy).
+OPTION_OF_FIELD = {
+    "timeout_s": "--timeout",
+    "first_byte_timeout_s": "--first-byte-timeout",
+    "refresh_interval_s": "--refresh-every",
+    "lease_s": "--lease",
+    "id": "JOB",
+    "name": "NAME",
+    "uri": "URI",
+}
+
+
+class StoppedWaiting(Exception):
+    """Ctrl-C while the CLI waited on work that goes on without it; ``str()`` says what goes
+    on and how to look at it again."""
+
+
+@contextlib.contextmanager
+def _waiting(what_goes_on: str):
+    """Ctrl-C inside becomes :class:`StoppedWaiting` (``main`` prints it and exits 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise StoppedWaiting(what_goes_on) from None
+
+
+def _option_of(field: InvalidField) -> str:
+    if field.where == "path":  # a positional argument: DATASET, JOB, NAME
+        return field.field.upper()
+    return OPTION_OF_FIELD.get(field.field) or "--" + field.field.replace("_", "-")
+
+
+def _error_line(exc: Exception) -> str:
+    """The one line a failure prints (after "cachefs: ")."""
+    inner = getattr(exc, "exceptions", None)  # an exception group: trio wraps what tasks raise
+    if isinstance(inner, tuple) and len(inner) == 1:
+        return _error_line(inner[0])
+    if isinstance(exc, ControlError) and exc.invalid:
+        return "error: " + "; ".join(field.describe(_option_of(field)) for field in exc.invalid)
+    if isinstance(exc, CachefsError):
+        return f"error: {one_line(str(exc))}"
+    log.debug("unexpected error", exc_info=exc)
+    return (
+        f"unexpected error: {type(exc).__name__}: {one_line(str(exc), 300)} "
+        "(--log-level DEBUG shows where)"
+    )
+
+
+def _quiet_after_broken_pipe() -> int:
+    """Python flushes stdout once more at exit, which would fail again with a traceback: point
+    the descriptor at /dev/null first (the recipe of Python's `signal` documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -941,12 +1070,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per control call is noise
     try:
-        return args.func(args)
-    except (CachefsError, ControlError) as exc:
-        print(f"cachefs: error: {exc}", file=sys.stderr)
-        return 2
+        status = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at exit
+        return status
+    except BrokenPipeError:
+        return _quiet_after_broken_pipe()
+    except StoppedWaiting as exc:
+        newline = "\n" if sys.stderr.isatty() else ""  # after a progress bar's line
+        print(f"{newline}cachefs: stopped waiting; {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
-        return 130
+        print("cachefs: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # the one place a failure becomes a line
+        print(f"cachefs: {_error_line(exc)}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ raw HTTP to a worker.
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -29,13 +31,103 @@ class WorkerNotRunning(CachefsError):
     pass
 
 
-class ControlError(CachefsError):
-    """The worker refused a request; ``str()`` is its message."""
+@dataclass(frozen=True)
+class InvalidField:
+    """One field of a request that the server's schema refused (a FastAPI 422 answer)."""
 
-    def __init__(self, message: str, *, status: int, kind: str = ""):
+    field: str  # the body field, query parameter or path parameter, e.g. "fraction"
+    problem: str  # pydantic's words, e.g. "input should be less than or equal to 1"
+    given: str | None = None  # the value sent, as JSON, when the client knows it
+    where: str = "body"  # "body", "query" or "path"
+
+    def describe(self, name: str | None = None) -> str:
+        """``name`` (default: the field) and the problem, e.g. ``--fraction: input should be
+        less than or equal to 1 (got 1.5)``."""
+        got = f" (got {self.given})" if self.given is not None else ""
+        return f"{name or self.field}: {self.problem}{got}"
+
+
+class ControlError(CachefsError):
+    """The worker or the coordinator refused a request; ``str()`` is one line saying why.
+    ``invalid`` names the fields a schema refused, so the CLI can name its options instead."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        kind: str = "",
+        invalid: tuple[InvalidField, ...] = (),
+    ):
         super().__init__(message)
         self.status = status
         self.kind = kind
+        self.invalid = invalid
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    """``text`` on one line (every run of whitespace a single space), cut at ``limit``."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def refusal_of(
+    response: httpx.Response, *, sent: dict[str, Any] | None = None, hint: str = ""
+) -> ControlError:
+    """The one mapping of an error answer (4xx/5xx) from a worker or the coordinator to a
+    :class:`ControlError` with a one-line message. Bodies understood: the worker's
+    ``{"error", "message"}``, the coordinator's ``{"detail": "…", "kind"}``, FastAPI's
+    ``{"detail": [{"loc", "msg", …}]}`` for a request its schema refused (``sent`` supplies
+    the values it names: ``{"body": <the JSON sent>, "query": <the parameters>}``), and plain
+    text.
+    ``hint`` is added to the message (what the user can do about it)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        text = response.text.strip() or response.reason_phrase or "no reason given"
+        return ControlError(one_line(text) + hint, status=response.status_code)
+    kind = str(body.get("error") or body.get("kind") or "")
+    detail = body.get("message") or body.get("detail")
+    if isinstance(detail, list) and all(isinstance(item, dict) for item in detail):
+        invalid = tuple(_invalid_field(item, sent or {}) for item in detail)
+        message = "invalid request: " + "; ".join(field.describe() for field in invalid)
+        return ControlError(
+            one_line(message) + hint, status=response.status_code, kind=kind, invalid=invalid
+        )
+    return ControlError(one_line(detail or body) + hint, status=response.status_code, kind=kind)
+
+
+def _invalid_field(error: dict, sent: dict[str, Any]) -> InvalidField:
+    """One item of FastAPI's 422 ``detail``: ``loc`` is ("body"|"query"|"path", field, …)."""
+    loc = [str(part) for part in error.get("loc") or ()]
+    where, path = (loc[0], loc[1:]) if loc else ("body", [])
+    field = next((part for part in path if not part.isdigit()), where)
+    problem = str(error.get("msg") or error.get("type") or "invalid")
+    problem = problem[:1].lower() + problem[1:]
+    given = None
+    if sent.get(where) is not None and path:
+        value = sent[where]
+        for part in path:
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                value = _MISSING
+                break
+        if value is not _MISSING:
+            given = json.dumps(value)
+    return InvalidField(field, problem, given, where)
+
+
+_MISSING = object()
+
+
+def _sent(request_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What a request carried, by the ``loc`` names of FastAPI's validation errors."""
+    return {"body": request_kwargs.get("json"), "query": request_kwargs.get("params")}
 
 
 class ControlClient:
@@ -70,13 +162,7 @@ class ControlClient:
                 f"lost the connection to the cachefs worker of {self.state_dir}: {exc}"
             ) from exc
         if response.status_code >= 400:
-            try:
-                body = response.json()
-                message = body.get("message") or str(body.get("detail") or body)
-                kind = body.get("error", "")
-            except ValueError:
-                message, kind = response.text, ""
-            raise ControlError(message, status=response.status_code, kind=kind)
+            raise refusal_of(response, sent=_sent(kwargs))
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.text
@@ -94,8 +180,10 @@ class ControlClient:
     def datasets(self) -> list[dict]:
         return self._request("GET", "/v1/datasets")
 
-    def add_dataset(self, spec: dict) -> dict:
-        return self._request("POST", "/v1/datasets", json=spec)
+    def add_dataset(self, spec: dict, *, allow_empty: bool = False) -> dict:
+        """Add a dataset; a source that lists no file is refused unless ``allow_empty``."""
+        params = {"allow_empty": "true"} if allow_empty else None
+        return self._request("POST", "/v1/datasets", json=spec, params=params)
 
     def remove_dataset(self, name: str, *, keep_cache: bool = False) -> dict:
         return self._request(
@@ -197,15 +285,10 @@ class CoordinatorClient:
                 "is it running? (--coordinator / CACHEFS_COORDINATOR)"
             ) from exc
         if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail")
-                message = detail if isinstance(detail, str) else str(detail)
-                kind = response.json().get("kind", "")
-            except (ValueError, AttributeError):
-                message, kind = response.text, ""
-            if response.status_code == 401:
-                message += " (pass --token-file or set CACHEFS_TOKEN)"
-            raise ControlError(message, status=response.status_code, kind=kind)
+            hint = (
+                " (pass --token-file or set CACHEFS_TOKEN)" if response.status_code == 401 else ""
+            )
+            raise refusal_of(response, sent=_sent(kwargs), hint=hint)
         return response.json()
 
     def health(self) -> dict:

@@ -31,6 +31,21 @@ class DatasetExists(CachefsError):
     pass
 
 
+class EmptySource(ConfigError):
+    """A new dataset's source lists no file it can serve: most likely a mistyped prefix. Adding
+    it is refused (and nothing is added) unless the user asks for it (``--allow-empty``)."""
+
+    def __init__(self, dataset: str, uri: str, skipped: dict[str, int] | None = None):
+        found = "no objects"
+        if skipped:
+            reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(skipped.items()))
+            found = f"no file it can serve (skipped: {reasons})"
+        super().__init__(
+            f"dataset {dataset!r}: {uri} lists {found}; a mistyped prefix? Nothing added "
+            "(--allow-empty adds it anyway)"
+        )
+
+
 # --- object store ---------------------------------------------------------------------------
 
 

@@ -38,7 +38,14 @@ from cachefs.cluster.membership import Membership
 from cachefs.cluster.preload import Preloader
 from cachefs.cluster.tasks import TaskRunner
 from cachefs.control import WorkerAPI, create_control_app, create_metrics_app
-from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound, PathNotFound
+from cachefs.errors import (
+    CachefsError,
+    ConfigError,
+    DatasetExists,
+    DatasetNotFound,
+    EmptySource,
+    PathNotFound,
+)
 from cachefs.fs import fuse_ops
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
@@ -385,7 +392,8 @@ class Worker(WorkerAPI):
         return self._dataset_locks.setdefault(name, trio.Lock())
 
     @staticmethod
-    def _store_config(spec: DatasetSpec) -> StoreConfig:
+    def store_config(spec: DatasetSpec) -> StoreConfig:
+        """How a dataset's store is opened: here, and by `cachefs dataset add` probing it."""
         return StoreConfig(
             uri=spec.uri,
             endpoint=spec.endpoint,
@@ -400,7 +408,7 @@ class Worker(WorkerAPI):
         )
 
     def _open_source(self, spec: DatasetSpec) -> DataSource:
-        store = open_store(self._store_config(spec))
+        store = open_store(self.store_config(spec))
         return DataSource(spec.name, store, source_id_of(spec.uri, spec.endpoint), spec.block_size)
 
     def _mount_existing(self, spec: DatasetSpec) -> None:
@@ -439,11 +447,11 @@ class Worker(WorkerAPI):
                 "datasets there (cachefs --coordinator URL dataset …)"
             )
 
-    async def add_dataset(self, spec: DatasetSpec) -> dict[str, Any]:
+    async def add_dataset(self, spec: DatasetSpec, *, allow_empty: bool = False) -> dict[str, Any]:
         self._refuse_in_cluster()
-        return await self._add_dataset(spec)
+        return await self._add_dataset(spec, allow_empty=allow_empty)
 
-    async def _add_dataset(self, spec: DatasetSpec) -> dict[str, Any]:
+    async def _add_dataset(self, spec: DatasetSpec, *, allow_empty: bool) -> dict[str, Any]:
         async with self._lock_for(spec.name):
             if self.fs.dataset(spec.name) is not None:
                 raise DatasetExists(f"dataset {spec.name!r} already exists")
@@ -453,6 +461,10 @@ class Worker(WorkerAPI):
             except BaseException:
                 source.store.close()
                 raise
+            if result.stats.files == 0 and not allow_empty:  # a mistyped prefix: add nothing
+                await self._blocking(self._remove_snapshot_dir, dirname)
+                source.store.close()
+                raise EmptySource(spec.name, spec.uri, result.stats.skipped)
             spec.extra["snapshot"] = dirname
             spec.generation = 1
             try:
@@ -573,7 +585,9 @@ class Worker(WorkerAPI):
         if spec.name in {s.name for s in self.registry.list()}:  # registered, failed to open
             await self._remove_dataset(spec.name, keep_cache=True)
         spec.extra["refresh_epoch"] = refresh_epoch
-        await self._add_dataset(spec)
+        # The coordinator has accepted the dataset (an empty listing is refused before, by
+        # `cachefs dataset add`): a source empty here is served empty, not refused again.
+        await self._add_dataset(spec, allow_empty=True)
 
     async def remove_followed_dataset(self, name: str) -> None:
         await self._remove_dataset(name, keep_cache=False)
@@ -622,7 +636,7 @@ class Worker(WorkerAPI):
             return None
         spec = self.registry.get(dataset)
         source = mounted.source
-        return mounted.snapshot, self._store_config(spec), source.source_id, source.block_size
+        return mounted.snapshot, self.store_config(spec), source.source_id, source.block_size
 
     # --- read-side API -----------------------------------------------------------------------
 

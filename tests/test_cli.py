@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -13,8 +14,10 @@ from cachefs.units import parse_duration, parse_size
 from tests.worker_process import REPO_ROOT, WorkerProcess
 
 
-def cachefs(*args: str, state: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CACHEFS_STATE": state, "PYTHONPATH": REPO_ROOT}
+def cachefs(
+    *args: str, state: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {}), "CACHEFS_STATE": state, "PYTHONPATH": REPO_ROOT}
     result = subprocess.run(
         [sys.executable, "-m", "cachefs", *args],
         env=env,
@@ -39,9 +42,17 @@ def test_sizes_and_durations_parse_with_suffixes():
             parse_size(bad)
 
 
+def refusal(result: subprocess.CompletedProcess) -> str:
+    """The line a refused command printed: exit status 1 and exactly one line on stderr."""
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
 def test_commands_without_a_worker_say_how_to_start_one(tmp_path):
     result = cachefs("status", state=str(tmp_path / "nothing"), check=False)
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "no cachefs worker is running" in result.stderr and "cachefs up" in result.stderr
     result = cachefs("down", state=str(tmp_path / "nothing"), check=False)
     assert result.returncode == 0 and "no worker running" in result.stderr
@@ -68,7 +79,7 @@ def test_full_cli_flow(tmp_path):
         assert status["datasets"][0]["cached_bytes"] == 5000
         assert status["tiers"][0]["used"] == 5000
         dup = cachefs("dataset", "add", "imagenet", f"file://{source}", state=state, check=False)
-        assert dup.returncode == 2 and "already exists" in dup.stderr
+        assert refusal(dup) == "cachefs: error: dataset 'imagenet' already exists"
         (source / "new.bin").write_bytes(b"n")
         out = cachefs("dataset", "refresh", "imagenet", state=state).stdout
         assert "refreshed" in out
@@ -109,7 +120,7 @@ def test_second_worker_on_the_same_state_is_refused(tmp_path):
             timeout=60,
             env={**os.environ, "PYTHONPATH": REPO_ROOT},
         )
-        assert clash.returncode == 2
+        assert clash.returncode == 1
         assert "another cachefs worker" in clash.stderr
         assert worker.client.is_running()
     finally:
@@ -129,5 +140,88 @@ def test_killed_worker_leaves_no_stuck_mount_after_restart(tmp_path):
         worker.start()
         with open(worker.path("d", "f"), "rb") as f:
             assert f.read() == b"data"
+    finally:
+        worker.cleanup()
+
+
+def test_a_mistyped_prefix_and_bad_options_are_refused_in_one_line_adding_nothing(
+    tmp_path, moto_s3
+):
+    """`dataset add` of a prefix that lists nothing is refused (rc 1, one line) and leaves no
+    dataset, mount entry or snapshot behind, unless --allow-empty; options the worker's rules
+    refuse are one line too. The right prefix then adds and reads byte for byte."""
+    bucket = f"cli-{uuid.uuid4().hex[:12]}"
+    moto_s3.make_bucket(bucket)
+    moto_s3.put(bucket, "imagenet/train/a.jpg", b"a" * 3000)
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    worker = WorkerProcess(str(tmp_path / "w"), env=moto_s3.env).start()
+    state, endpoint = worker.state, moto_s3.endpoint
+    try:
+
+        def add(name: str, uri: str, *options: str) -> subprocess.CompletedProcess:
+            return cachefs(
+                "dataset", "add", name, uri, "--endpoint", endpoint, *options,
+                state=state, check=False, env=moto_s3.env,
+            )  # fmt: skip
+
+        typo = f"s3://{bucket}/imagnet"
+        assert refusal(add("imagenet", typo)) == (
+            f"cachefs: error: dataset 'imagenet': {typo} lists no objects; a mistyped prefix? "
+            "Nothing added (--allow-empty adds it anyway)"
+        )
+        assert refusal(add("local", f"file://{empty_dir}")) == (
+            f"cachefs: error: dataset 'local': file://{empty_dir} lists no objects; a mistyped "
+            "prefix? Nothing added (--allow-empty adds it anyway)"
+        )
+        assert refusal(add("imagenet", f"s3://{bucket}/imagenet", "--cleanup", "ttl:banana")) == (
+            "cachefs: error: cleanup must be lock, lru or ttl:<duration> (e.g. ttl:6h), "
+            "got 'ttl:banana'"
+        )
+        assert refusal(add("imagenet", f"s3://{bucket}/imagenet", "--block-size", "1KiB")) == (
+            "cachefs: error: block_size must be between 64 KiB and 64 MiB"
+        )
+        # Nothing of the refused adds is left: no dataset, no mount entry, no snapshot.
+        assert json.loads(cachefs("dataset", "ls", "--json", state=state).stdout) == []
+        assert os.listdir(worker.mount) == []
+        assert os.listdir(os.path.join(state, "snapshots")) == []
+
+        added = add("imagenet", f"s3://{bucket}/imagenet", "--json")
+        assert added.returncode == 0, added.stderr
+        assert json.loads(added.stdout)["files"] == 1
+        with open(worker.path("imagenet", "train", "a.jpg"), "rb") as f:
+            assert f.read() == b"a" * 3000
+        allowed = add("later", typo, "--allow-empty", "--json")
+        assert allowed.returncode == 0, allowed.stderr
+        assert json.loads(allowed.stdout)["files"] == 0
+        assert sorted(os.listdir(worker.mount)) == ["imagenet", "later"]
+    finally:
+        worker.cleanup()
+
+
+def test_piped_into_head_the_cli_stops_quietly(tmp_path):
+    """`cachefs … | head -1`: head exits after one line while the CLI still writes (2 MB of
+    JSON: far more than a pipe holds), so its writes fail with EPIPE. No traceback; exit 141
+    (128 + SIGPIPE), which `set -o pipefail` reports like any tool's."""
+    source = tmp_path / "src"
+    source.mkdir()
+    with open(source / "big.bin", "wb") as f:
+        f.truncate(1 << 30)  # sparse: 16,384 blocks of 64 KiB to list, nothing to read
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    try:
+        worker.add_dataset("ds", f"file://{source}", block_size=64 << 10)
+        piped = subprocess.run(
+            [
+                "bash", "-c",
+                f"set -o pipefail; {sys.executable} -m cachefs resolve ds big.bin | head -1",
+            ],
+            env={**os.environ, "CACHEFS_STATE": worker.state, "PYTHONPATH": REPO_ROOT},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert piped.stderr == ""
+        assert piped.stdout == "{\n"
+        assert piped.returncode == 141
     finally:
         worker.cleanup()
