@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 from cachefs.demo import generate_image_tree
+from cachefs.worker import default_ram_dir
 from tests.waiting import WAIT_S
 from tests.worker_process import REPO_ROOT
 
@@ -42,16 +44,19 @@ def test_demo_says_where_each_read_was_served_from(tmp_path):
     the kernel's page cache and the demo says so, instead of a hit ratio near 0 after a fully
     cached read; every byte verified."""
     files = 40
-    demo = subprocess.run(
-        [
-            sys.executable, "-m", "cachefs", "--log-level", "WARNING", "demo",
-            "--workdir", str(tmp_path), "--files", str(files),
-        ],
-        env={**os.environ, "PYTHONPATH": REPO_ROOT},
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-    )  # fmt: skip
+    try:
+        demo = subprocess.run(
+            [
+                sys.executable, "-m", "cachefs", "--log-level", "WARNING", "demo",
+                "--workdir", str(tmp_path), "--files", str(files),
+            ],
+            env={**os.environ, "PYTHONPATH": REPO_ROOT},
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+        )  # fmt: skip
+    finally:  # the RAM tier the demo's worker kept on tmpfs (for a warm restart)
+        shutil.rmtree(default_ram_dir(str(tmp_path / "state")), ignore_errors=True)
     assert demo.returncode == 0, demo.stdout + demo.stderr
     counted = [
         line.strip() for line in demo.stdout.splitlines() if line.startswith("   cachefs saw")
