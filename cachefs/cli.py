@@ -590,9 +590,7 @@ def cmd_preload(args) -> int:
             "usage: cachefs preload DATASET [options] | "
             "cachefs preload status|resume|cancel DATASET"
         )
-    with CoordinatorClient(
-        _require_coordinator(args), find_token(args.token_file, args.state)
-    ) as client:
+    with _preload_client(args) as client:
         if verb == "start":
             paths = [p for chunk in args.paths or [] for p in chunk.split(",") if p]
             job = client.preload(
@@ -620,7 +618,45 @@ def cmd_preload(args) -> int:
             print(json.dumps(job, indent=2))
         elif verb in ("status", "cancel") or args.wait:
             _print_preload(job)
-    return 0 if job["state"] in ("completed", "running", "scheduled") else 1
+    if verb == "cancel":
+        return 0  # it did what was asked: the job is cancelled (or was over already)
+    if _warn_if_nothing_selected(job):
+        return EXIT_NOTHING_SELECTED
+    return 0 if job["state"] in ("completed", "running", "scheduled") else EXIT_FAILED
+
+
+#: `cachefs preload` exit status when its selection matches no file: nothing is preloaded,
+#: most likely a mistyped --paths (1: objects failed, or the command was refused).
+EXIT_NOTHING_SELECTED = 3
+
+
+def _preload_client(args) -> CoordinatorClient | ControlClient:
+    """The coordinator's client in a cluster; else the local worker's (`cachefs up`), which
+    runs preload jobs itself: the same calls, the same answers."""
+    return _coordinator(args) or ControlClient(args.state)
+
+
+def _warn_if_nothing_selected(job: dict) -> bool:
+    """One warning line on stderr when --paths name nothing; True when the whole selection
+    matches no file. A single node checks every prefix at once (``unmatched_paths``); a
+    cluster's job says so once planned (completed with 0 objects)."""
+    paths = job["selection"]["paths"]
+    unmatched = job.get("unmatched_paths") or []
+    planned_empty = job["state"] == "completed" and job["planned"] and job["objects"] == 0
+    if planned_empty or (paths and len(unmatched) == len(paths)):
+        print(
+            f"cachefs: warning: preload {job['id']}: {_selection_text(job)} matches no file "
+            f"of dataset {job['dataset']!r}: nothing to preload",
+            file=sys.stderr,
+        )
+        return True
+    if unmatched:
+        print(
+            f"cachefs: warning: {', '.join(unmatched)} matches nothing in dataset "
+            f"{job['dataset']!r} (the other paths are preloaded)",
+            file=sys.stderr,
+        )
+    return False
 
 
 def _selection_text(job: dict) -> str:
@@ -648,7 +684,9 @@ def _progress_line(job: dict) -> str:
     )
 
 
-def _wait_for_preload(client: CoordinatorClient, dataset: str, *, json_output: bool) -> dict:
+def _wait_for_preload(
+    client: CoordinatorClient | ControlClient, dataset: str, *, json_output: bool
+) -> dict:
     """Poll until the job is over, drawing a progress bar (a line every few seconds when the
     output is not a terminal)."""
     tty = sys.stderr.isatty()
@@ -803,7 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     preload = sub.add_parser(
         "preload",
-        help="preload a dataset (or: preload status|resume|cancel DATASET)",
+        help="preload a dataset (or: preload status|resume|cancel DATASET): on the local worker "
+        "(cachefs up), or across the cluster with --coordinator",
     )
     preload.add_argument("words", nargs="+", metavar="DATASET")
     preload.add_argument("--paths", action="append", help="path prefixes, comma-separated")

@@ -216,6 +216,30 @@ class ControlClient:
             timeout=timeout or self._http.timeout,
         )
 
+    # Preload on a single node: the same calls and answers as CoordinatorClient's, so the CLI
+    # drives either one.
+
+    def preload(
+        self,
+        dataset: str,
+        *,
+        paths: list[str] | None = None,
+        fraction: float | None = None,
+        nbytes: int | None = None,
+        at: float | None = None,
+    ) -> dict:
+        body = {"paths": paths or [], "fraction": fraction, "bytes": nbytes, "at": at}
+        return self._request("POST", f"/v1/datasets/{dataset}/preload", json=body)
+
+    def preload_status(self, dataset: str) -> dict:
+        return self._request("GET", f"/v1/datasets/{dataset}/preload")
+
+    def resume_preload(self, dataset: str) -> dict:
+        return self._request("POST", f"/v1/datasets/{dataset}/preload/resume")
+
+    def cancel_preload(self, dataset: str) -> dict:
+        return self._request("POST", f"/v1/datasets/{dataset}/preload/cancel")
+
     def shutdown(self) -> None:
         self._request("POST", "/v1/shutdown")
 

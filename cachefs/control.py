@@ -20,11 +20,22 @@ from cachefs.errors import (
     DatasetExists,
     DatasetNotFound,
     PathNotFound,
+    PreloadNotFound,
     StoreAuthError,
     StoreBucketNotFound,
     StoreError,
 )
 from cachefs.protocol import DatasetSpec
+
+
+class PreloadAPI(Protocol):
+    """A single node's preload jobs (cachefs/cluster/local_preload.py): the coordinator's
+    preload calls, answered with the coordinator's status documents."""
+
+    async def start(self, dataset: str, body: Any) -> dict[str, Any]: ...
+    async def status(self, dataset: str) -> dict[str, Any]: ...
+    async def resume(self, dataset: str) -> dict[str, Any]: ...
+    async def cancel(self, dataset: str) -> dict[str, Any]: ...
 
 
 class WorkerAPI(Protocol):
@@ -37,11 +48,15 @@ class WorkerAPI(Protocol):
     async def resolve_many(self, dataset: str, paths: list[str]) -> dict[str, Any]: ...
     def prefetch(self, dataset: str, paths: list[str]) -> dict[str, Any]: ...
     def request_shutdown(self) -> None: ...
+    def local_preloads(self) -> PreloadAPI:
+        """Raises ConfigError on a worker that follows a coordinator (preload goes there)."""
+        ...
+
     def metrics_text(self) -> bytes: ...
 
 
 def _status_code(exc: CachefsError) -> int:
-    if isinstance(exc, DatasetNotFound | PathNotFound):
+    if isinstance(exc, DatasetNotFound | PathNotFound | PreloadNotFound):
         return 404
     if isinstance(exc, DatasetExists):
         return 409
@@ -107,6 +122,24 @@ def create_control_app(worker: WorkerAPI) -> FastAPI:
         """A hint: ``{"paths": [...]}`` will be read soon; their uncached blocks are fetched in
         the background (bounded; excess hints are dropped, oldest first)."""
         return worker.prefetch(name, _paths_of(body))
+
+    # Preload on a single node: the coordinator's routes (coordinator/api.py), same bodies.
+    @app.post("/v1/datasets/{name}/preload", status_code=201)
+    async def start_preload(name: str, body: dict) -> dict:
+        """``{"paths": [...], "fraction": f | "bytes": n, "at": unix time}``, all optional."""
+        return await worker.local_preloads().start(name, body)
+
+    @app.get("/v1/datasets/{name}/preload")
+    async def preload_status(name: str) -> dict:
+        return await worker.local_preloads().status(name)
+
+    @app.post("/v1/datasets/{name}/preload/resume")
+    async def resume_preload(name: str) -> dict:
+        return await worker.local_preloads().resume(name)
+
+    @app.post("/v1/datasets/{name}/preload/cancel")
+    async def cancel_preload(name: str) -> dict:
+        return await worker.local_preloads().cancel(name)
 
     @app.post("/v1/shutdown", status_code=202)
     async def shutdown() -> dict:

@@ -31,6 +31,10 @@ class DatasetExists(CachefsError):
     pass
 
 
+class PreloadNotFound(CachefsError):
+    """No preload job of that dataset (single-node preload; the coordinator has its own)."""
+
+
 class EmptySource(ConfigError):
     """A new dataset's source lists no file it can serve: most likely a mistyped prefix. Adding
     it is refused (and nothing is added) unless the user asks for it (``--allow-empty``)."""

@@ -34,6 +34,7 @@ from cachefs.client import CoordinatorClient
 from cachefs.cluster.agent import ClusterAgent
 from cachefs.cluster.fetchers import FetcherPool
 from cachefs.cluster.fill import Filler
+from cachefs.cluster.local_preload import LocalPreloads
 from cachefs.cluster.membership import Membership
 from cachefs.cluster.preload import Preloader
 from cachefs.cluster.tasks import TaskRunner
@@ -138,6 +139,7 @@ class Worker(WorkerAPI):
         self.peers: PeerClient | None = None
         self.agent: ClusterAgent | None = None
         self.preloader: Preloader | None = None
+        self._local_preloads: LocalPreloads | None = None  # single node: preload jobs run here
         self.filler: Filler | None = None
         self.tasks: TaskRunner | None = None
         self._fetchers: FetcherPool | None = None
@@ -263,6 +265,8 @@ class Worker(WorkerAPI):
                     set_readahead(mount_path, cfg.readahead_kib)
                 if cfg.coordinator:
                     await self._start_cluster(nursery)
+                else:
+                    self._local_preloads = await self._open_local_preloads()
                 async with trio.open_nursery() as background:
                     background.start_soon(self._housekeeping)
                     await background.start(self.fs.reader.serve_readahead)
@@ -273,6 +277,8 @@ class Worker(WorkerAPI):
                         await background.start(self.filler.run)
                         await background.start(self.tasks.run)
                         await background.start(self.agent.run)
+                    if self._local_preloads is not None:
+                        await background.start(self._local_preloads.run)
                     task_status.started()
                     await self._shutdown.wait()
                     fuse_ops.terminate()
@@ -324,6 +330,32 @@ class Worker(WorkerAPI):
             state_dir=cfg.state_dir,
             interval_s=cfg.heartbeat_interval_s,
         )
+
+    async def _open_local_preloads(self) -> LocalPreloads:
+        """Single node: the preload jobs a coordinator would keep run here, on the same
+        Preloader and fetcher processes as a cluster worker's (cachefs/cluster/local_preload.py)."""
+        cfg = self.config
+        self._fetchers = FetcherPool(cfg.preload_processes)
+        preloads = LocalPreloads(
+            self,
+            self.cache,
+            self._fetchers,
+            node=cfg.node,
+            state_file=os.path.join(cfg.state_dir, "preloads.json"),
+            concurrency=cfg.preload_concurrency,
+        )
+        await self._blocking(preloads.load)
+        return preloads
+
+    def local_preloads(self) -> LocalPreloads:
+        if self.config.coordinator:
+            raise ConfigError(
+                f"this worker follows the coordinator at {self.config.coordinator}: preload "
+                "there (cachefs --coordinator URL preload …)"
+            )
+        if self._local_preloads is None:
+            raise ConfigError("the worker is still starting: try again in a moment")
+        return self._local_preloads
 
     async def _serve_http(self, app, bind: str, name: str, *, task_status) -> None:
         """Serve an ASGI app with hypercorn until shutdown, finishing in-flight requests."""
