@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from cachefs.cache.base import BlockCache
-from cachefs.errors import ConfigError, DatasetNotFound, PreloadNotFound
+from cachefs.errors import CachefsError, ConfigError, DatasetNotFound, PreloadNotFound
 from cachefs.protocol import SHARDS
 from coordinator.preload import PreloadJob, Selection
 
@@ -105,7 +105,7 @@ class LocalPreloads:
             jobs = [PreloadJob.from_json(doc) for doc in documents]
         except FileNotFoundError:
             return
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, CachefsError) as exc:
             log.error("preload jobs in %s not read (starting without them): %s",
                       self._state_file, exc)  # fmt: skip
             return
@@ -229,7 +229,11 @@ class LocalPreloads:
         (a job no longer running is stopped there) and keep them on disk."""
         self._assign()
         text = json.dumps([job.to_json() for job in self._jobs.values()])
-        await trio.to_thread.run_sync(self._write, text, limiter=self._save_limiter)
+        try:
+            await trio.to_thread.run_sync(self._write, text, limiter=self._save_limiter)
+        except OSError as exc:  # a full disk must not stop the worker: the jobs still run
+            log.error("preload jobs not saved to %s (a restart forgets them): %s",
+                      self._state_file, exc)  # fmt: skip
 
     def _assign(self) -> None:
         if self._assigned is None:  # the Preloader is not running yet: run() assigns

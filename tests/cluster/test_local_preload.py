@@ -266,6 +266,15 @@ def test_jobs_survive_a_worker_restart(world):
     assert read_all(world.worker.mount, world.objects) == []
     assert object_gets(world) == 0
 
+    # A jobs file that cannot be read costs the jobs it held, never the worker.
+    world.worker.stop()
+    with open(os.path.join(world.worker.state, "preloads.json"), "w") as f:
+        f.write("{not json")
+    world.worker.start()
+    forgotten = preload(world, "status", "ds")
+    assert forgotten.returncode == 1 and "has no preload job" in forgotten.stderr
+    assert preload(world, "ds", "--paths", "val", "--wait").returncode == 0
+
 
 def test_cluster_preload_matching_nothing_warns_alike_and_workers_refuse_local_preload(tmp_path):
     cluster = Cluster(str(tmp_path / "cluster"), 1).start()
