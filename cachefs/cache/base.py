@@ -76,8 +76,71 @@ class BlockKey:
 
 
 def checksum(data: bytes | memoryview) -> int:
-    """The block checksum kept in the index (xxh3_64)."""
+    """The whole-block checksum kept in the index (xxh3_64): what same-node short-circuit
+    readers check (:class:`BlockFile`). The cache itself checks :func:`chunk_checksums`."""
     return xxhash.xxh3_64_intdigest(data)
+
+
+#: Bytes per checksummed chunk of a block. Every read of a cached block verifies each chunk it
+#: touches, so a chunk the size of one FUSE read (128 KiB, the kernel's usual max_read) keeps
+#: what an aligned read hashes to what it returns. The index stores checksums of chunks of this
+#: size: changing it needs a new index format (``index.py``); peers send theirs with each block.
+CHUNK_SIZE = 128 << 10
+#: Bytes of one chunk checksum (an xxh3_64 digest, big-endian).
+CHUNK_CHECKSUM_LEN = 8
+
+
+def chunk_count(size: int, chunk_size: int = CHUNK_SIZE) -> int:
+    """Chunks of a ``size``-byte block: the last one may be shorter; an empty block has one."""
+    return max(1, -(-size // chunk_size))
+
+
+def chunk_checksums(data: bytes | memoryview, chunk_size: int = CHUNK_SIZE) -> bytes:
+    """The xxh3_64 of every ``chunk_size`` chunk of a whole block, as concatenated 8-byte
+    big-endian digests (:data:`CHUNK_CHECKSUM_LEN` bytes per chunk)."""
+    view = memoryview(data)
+    if len(view) <= chunk_size:
+        return xxhash.xxh3_64_digest(view)
+    return b"".join(
+        xxhash.xxh3_64_digest(view[start : start + chunk_size])
+        for start in range(0, len(view), chunk_size)
+    )
+
+
+def first_bad_chunk(
+    data: bytes | memoryview, checksums: bytes, first_chunk: int = 0, chunk_size: int = CHUNK_SIZE
+) -> int | None:
+    """The index (in its block) of the first chunk of ``data`` whose xxh3_64 is not the one in
+    ``checksums`` (a block's :func:`chunk_checksums`), or None if every chunk matches.
+
+    ``data`` is chunks ``first_chunk, first_chunk + 1, ...`` of the block: it starts on a chunk
+    boundary and holds whole chunks, except that the block's last chunk may be shorter."""
+    at = first_chunk * CHUNK_CHECKSUM_LEN
+    if len(data) <= chunk_size:  # one chunk: what an aligned read of CHUNK_SIZE touches
+        expected = checksums[at : at + CHUNK_CHECKSUM_LEN]
+        return None if xxhash.xxh3_64_digest(data) == expected else first_chunk
+    view = memoryview(data)
+    for start in range(0, len(view), chunk_size):
+        expected = checksums[at : at + CHUNK_CHECKSUM_LEN]
+        if xxhash.xxh3_64_digest(view[start : start + chunk_size]) != expected:
+            return first_chunk + start // chunk_size
+        at += CHUNK_CHECKSUM_LEN
+    return None
+
+
+class CheckedBlock(NamedTuple):
+    """A whole block with its :func:`chunk_checksums`: for a cached block, those recorded when it
+    was admitted (which its bytes were just verified against), so that whoever receives the
+    block from this node checks it against what was admitted, not against what was read."""
+
+    data: bytes
+    chunk_checksums: bytes
+
+    @classmethod
+    def of(cls, data: bytes) -> CheckedBlock:
+        """A block that is not cached (just fetched): its checksums are computed from the
+        fetched bytes, as its admission computes them."""
+        return cls(data, chunk_checksums(data))
 
 
 class BlockFile(NamedTuple):
@@ -96,9 +159,9 @@ class TierUsage:
     name: str  # "ram" | "ssd"
     path: str
     capacity: int  # bytes; never exceeded
-    used: int  # bytes of admitted blocks
+    used: int  # bytes of capacity taken by admitted blocks: sizes rounded up as ``du`` counts them
     reserve: int  # bytes that eviction never removes
-    reserved_used: int  # bytes of blocks currently flagged as reserved
+    reserved_used: int  # of ``used``: blocks currently flagged as reserved
     blocks: int
 
 
@@ -120,13 +183,19 @@ class BlockCache(Protocol):
         self, key: BlockKey, offset: int = 0, length: int = -1, *, tier: str | None = None
     ) -> bytes | None:
         """Bytes ``[offset, offset+length)`` of a cached block (length -1 = to the end), or None
-        if the block is not cached. A block that fails verification (size, or xxh3 checksum —
-        always checked when the whole block is read, and on the first read of each block in this
-        process) is dropped, counted as corrupt, and None is returned: never wrong bytes.
+        if the block is not cached. Every read verifies the block's size and the xxh3_64 of each
+        :data:`CHUNK_SIZE` chunk it touches against those recorded at admission, on every tier,
+        every time. A block that fails is dropped, counted as corrupt, and None is returned (the
+        caller fetches it again): never wrong bytes.
 
         ``tier``: read the block only if that tier holds it; a block in another tier is None,
         without file I/O. One index lookup for what would otherwise take two, ``locate`` and
         ``read``: how the loop thread reads RAM-tier blocks inline."""
+        ...
+
+    def read_with_checksums(self, key: BlockKey, *, tier: str | None = None) -> CheckedBlock | None:
+        """The whole block, verified as :meth:`read` does, with the chunk checksums recorded at
+        its admission (what a peer that asked for the block checks it against)."""
         ...
 
     def put(self, key: BlockKey, data: bytes) -> str | None:

@@ -2,7 +2,8 @@
 
 One environment, three sub-databases:
 
-``blocks``  BlockKey.raw → Entry (tier id, flags, size, xxh3_64, last-access stamp, file id).
+``blocks``  BlockKey.raw → Entry (tier id, flags, size, footprint, whole-block xxh3_64,
+            last-access stamp, file id, then the xxh3_64 of each chunk of the block).
 ``lru``     tier id | class | stamp | BlockKey.raw → empty. Sorted so that the least recently used
             evictable block of a tier is the first key after ``(tier id, EVICTABLE)``: eviction
             is a cursor seek, not a scan. Reserved blocks sit under ``(tier id, RESERVED)`` so
@@ -15,6 +16,10 @@ One environment, three sub-databases:
 
 Every change to entries goes through ``IndexWriter``, which keeps the ``lru`` records and the
 totals in step and records the change as a ``TotalsDelta`` for the in-memory counters.
+
+Format 1 (before chunk checksums and footprints) is still opened: its entries read as entries
+whose footprint is their size (what the totals counted for them) and that have no chunk
+checksums. ``TieredBlockCache`` upgrades such an index at open (``_upgrade_legacy_entries``).
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ import lmdb
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = b"1"
+FORMAT_VERSION = b"2"
+LEGACY_FORMAT_VERSION = b"1"
 
-_ENTRY = struct.Struct(">BBQQQQ")  # tier id, flags, size, xxh3_64, last-access stamp, file id
+# tier id, flags, size, footprint, xxh3_64, last-access stamp, file id; chunk checksums follow
+_ENTRY = struct.Struct(">BBQQQQQ")
+_LEGACY_ENTRY = struct.Struct(">BBQQQQ")  # format 1: no footprint, no chunk checksums
 _FLAG_RESERVED = 1
 _RESERVED_CLASS = 0
 _EVICTABLE_CLASS = 1
@@ -63,19 +71,42 @@ _META_SOURCE_BYTES = b"source-bytes/"  # + source id (8 bytes)
 class Entry(NamedTuple):
     tier_id: int
     reserved: bool
-    size: int
-    checksum: int
+    size: int  # bytes of the block
+    footprint: int  # bytes of its tier's capacity it takes: size rounded up (tier.py)
+    checksum: int  # xxh3_64 of the whole block (short-circuit readers check it)
     stamp: int  # last access, from the cache's access clock
     file_id: int  # unique per admission, part of the file name (see tier.py)
+    # xxh3_64 of each CHUNK_SIZE chunk (cache/base.py chunk_checksums); empty only for an entry
+    # from format 1, until its first read computes them from the verified whole block.
+    chunk_checksums: bytes = b""
 
     def pack(self) -> bytes:
         flags = _FLAG_RESERVED if self.reserved else 0
-        return _ENTRY.pack(self.tier_id, flags, self.size, self.checksum, self.stamp, self.file_id)
+        header = _ENTRY.pack(
+            self.tier_id,
+            flags,
+            self.size,
+            self.footprint,
+            self.checksum,
+            self.stamp,
+            self.file_id,
+        )
+        return header + self.chunk_checksums
 
     @classmethod
     def unpack(cls, value: bytes) -> Entry:
-        tier_id, flags, size, checksum, stamp, file_id = _ENTRY.unpack(value)
-        return cls(tier_id, bool(flags & _FLAG_RESERVED), size, checksum, stamp, file_id)
+        if len(value) == _LEGACY_ENTRY.size:  # never a format 2 length: that is 42 + 8n
+            tier_id, flags, size, checksum, stamp, file_id = _LEGACY_ENTRY.unpack(value)
+            return cls(tier_id, bool(flags & _FLAG_RESERVED), size, size, checksum, stamp, file_id)
+        tier_id, flags, size, footprint, checksum, stamp, file_id = _ENTRY.unpack_from(value)
+        reserved = bool(flags & _FLAG_RESERVED)
+        chunks = bytes(value[_ENTRY.size :])
+        return cls(tier_id, reserved, size, footprint, checksum, stamp, file_id, chunks)
+
+    @staticmethod
+    def is_legacy(value: bytes) -> bool:
+        """Whether a packed entry is in format 1."""
+        return len(value) == _LEGACY_ENTRY.size
 
     def lru_key(self, raw: bytes) -> bytes:
         block_class = _RESERVED_CLASS if self.reserved else _EVICTABLE_CLASS
@@ -102,9 +133,10 @@ class TotalsDelta:
     shards: dict[bytes, int] = field(default_factory=dict)  # source id | shard (10 bytes) → bytes
 
     def record(self, raw: bytes, entry: Entry, sign: int) -> None:
+        # A tier counts the room its blocks take; a source and a shard the bytes they hold.
         tier = self.tiers.setdefault(entry.tier_id, [0, 0, 0])
-        tier[0] += sign * entry.size
-        tier[1] += sign * entry.size if entry.reserved else 0
+        tier[0] += sign * entry.footprint
+        tier[1] += sign * entry.footprint if entry.reserved else 0
         tier[2] += sign
         source_id = int.from_bytes(raw[:8], "big")
         self.sources[source_id] = self.sources.get(source_id, 0) + sign * entry.size
@@ -147,6 +179,25 @@ class IndexWriter:
         self._txn.put(restamped.lru_key(raw), b"", db=self._index.lru_db)
         self._max_stamp = max(self._max_stamp, stamp)
 
+    def add_chunk_checksums(self, raw: bytes, file_id: int, chunk_checksums: bytes) -> None:
+        """Give a format 1 entry the chunk checksums computed from its verified bytes (ignored
+        if the block is gone, was admitted again meanwhile, or has them already)."""
+        entry = self.get(raw)
+        if entry is None or entry.file_id != file_id or entry.chunk_checksums:
+            return
+        upgraded = entry._replace(chunk_checksums=chunk_checksums)
+        self._txn.put(raw, upgraded.pack(), db=self._index.blocks_db)
+
+    def legacy_entries(self) -> Iterator[tuple[bytes, Entry]]:
+        """Every entry still in format 1."""
+        for raw, value in self._txn.cursor(db=self._index.blocks_db):
+            if Entry.is_legacy(value):
+                yield raw, Entry.unpack(value)
+
+    def mark_format_current(self) -> None:
+        """Record that every entry is in the current format (``FORMAT_VERSION``)."""
+        self._txn.put(_META_VERSION, FORMAT_VERSION, db=self._index.meta_db)
+
     def tier_totals(self, tier_id: int) -> TierTotals:
         """The tier's totals as of this point of the transaction."""
         used, reserved_used, blocks = self._persisted_tier_totals(tier_id)
@@ -157,8 +208,8 @@ class IndexWriter:
         self, tier_id: int, nbytes: int, source_id: int | None = None
     ) -> list[tuple[bytes, Entry]]:
         """The least recently used non-reserved blocks of a tier, oldest first, until their
-        sizes add up to ``nbytes`` (or the tier has no more). With ``source_id``, only blocks of
-        that source are chosen; the walk then skips other sources' blocks."""
+        footprints add up to ``nbytes`` (or the tier has no more). With ``source_id``, only
+        blocks of that source are chosen; the walk then skips other sources' blocks."""
         prefix = bytes((tier_id, _EVICTABLE_CLASS))
         source_prefix = None if source_id is None else source_id.to_bytes(8, "big")
         chosen: list[tuple[bytes, Entry]] = []
@@ -172,7 +223,7 @@ class IndexWriter:
             entry = self.get(raw)
             if entry is not None:
                 chosen.append((raw, entry))
-                freed += entry.size
+                freed += entry.footprint
         return chosen
 
     def entries_of_tier(self, tier_id: int) -> list[tuple[bytes, Entry]]:
@@ -313,10 +364,13 @@ class BlockIndex:
                 version = txn.get(_META_VERSION)
                 if version is None:
                     txn.put(_META_VERSION, FORMAT_VERSION)
-                elif version != FORMAT_VERSION:
+                elif version not in (FORMAT_VERSION, LEGACY_FORMAT_VERSION):
                     raise lmdb.InvalidError(
-                        f"index format {version!r}, this version reads {FORMAT_VERSION!r}"
+                        f"index format {version!r}, this version reads {FORMAT_VERSION!r} "
+                        f"and {LEGACY_FORMAT_VERSION!r}"
                     )
+                # Format 1 until TieredBlockCache has upgraded its entries (mark_format_current).
+                self.legacy_format = version == LEGACY_FORMAT_VERSION
         except BaseException:
             env.close()
             raise

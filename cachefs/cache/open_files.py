@@ -14,7 +14,7 @@ Why a kept descriptor never reads wrong bytes, and never keeps a removed block's
 * A block file never changes after it is renamed into place, and its name (key and file id,
   unique per admission: ``tier.py``) is never used again by this process, so a kept descriptor
   always reads the file the index entry names. Damage on disk is still found: :meth:`open`
-  returns a fresh ``fstat`` for the size check, and the checksum is checked as before.
+  returns a fresh ``fstat`` for the size check, and every read checks the chunks it reads.
 * Removing a block unlinks its file and then calls :meth:`OpenBlockFiles.forget`, which closes
   its descriptor, so tmpfs frees the memory. A descriptor opened while that removal runs may
   enter the table after the ``forget``; so :meth:`open` ``fstat``s the descriptor *after* it is

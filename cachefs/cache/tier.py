@@ -2,7 +2,8 @@
 
 Layout of a tier directory::
 
-    <path>/.cachefs-tier                      random instance id (see ``prepare_directory``)
+    <path>/.cachefs-tier-<instance id>        empty file naming the directory's random instance
+                                              id (see ``prepare_directory``)
     <path>/tmp/                               blocks being written, renamed into place when whole
     <path>/<d0>/<d1>/<key hex>.<file id hex>  one file per block, mode 0600
 
@@ -15,6 +16,14 @@ own file, so removing a block deletes exactly the file that was removed from the
 the file of a new admission of the same key that raced with the removal. It also means a path is
 never reused within a process, which is what lets a tier keep read descriptors of its block
 files open (``open_files.py``).
+
+Accounting counts what the files take on the filesystem, not their sizes: a file takes whole
+allocation units (tmpfs: pages; a disk filesystem: blocks), so a block's *footprint* is its size
+rounded up to the unit, and the footprints of a tier's blocks are what ``du`` of the directory
+counts for them. On tmpfs that is all ``du`` counts (its directories and the empty marker take
+no pages), so ``du`` of a RAM tier never exceeds its capacity. On a disk filesystem each
+directory also takes a block (at most 2 + 256 + 65,536 of them, created as blocks arrive); they
+are not counted.
 """
 
 from __future__ import annotations
@@ -29,13 +38,16 @@ from cachefs.cache.base import KEY_LEN
 from cachefs.cache.open_files import OpenBlockFiles
 from cachefs.errors import ConfigError
 
-MARKER_NAME = ".cachefs-tier"
+MARKER_PREFIX = ".cachefs-tier-"
+# The marker before it was empty: the instance id was its content (and it took a page of tmpfs).
+_OLD_MARKER_NAME = ".cachefs-tier"
 TMP_DIR_NAME = "tmp"
 # Offset of the xxh3_128 digest inside BlockKey.raw (after source id and shard).
 _DIGEST_OFFSET = 10
 _FANOUT_NAME = re.compile(r"[0-9a-f]{2}")
 _BLOCK_NAME = re.compile(rf"([0-9a-f]{{{2 * KEY_LEN}}})\.([0-9a-f]{{1,16}})")
 _INSTANCE_ID = re.compile(r"[0-9a-f]{32}")  # 16 random bytes, as stored in the index
+_MARKER_NAME = re.compile(re.escape(MARKER_PREFIX) + r"([0-9a-f]{32})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +93,7 @@ class Tier:
         self.tier_id = tier_id
         self.root = os.path.abspath(config.path)
         self._tmp_dir = os.path.join(self.root, TMP_DIR_NAME)
+        self.allocation_unit = allocation_unit(self.root)
         self.used = 0
         self.reserved_used = 0
         self.blocks = 0
@@ -90,6 +103,11 @@ class Tier:
 
     def free(self) -> int:
         return self.capacity - self.used - self.pending
+
+    def footprint(self, size: int) -> int:
+        """Bytes of this tier's capacity a block of ``size`` bytes takes (what ``du`` counts)."""
+        unit = self.allocation_unit
+        return -(-size // unit) * unit
 
     # --- files ----------------------------------------------------------------------------------
 
@@ -139,32 +157,55 @@ class Tier:
                         yield bytes.fromhex(name[1]), int(name[2], 16), entry.path
 
 
+def allocation_unit(path: str) -> int:
+    """Bytes the filesystem holding ``path`` allocates at a time: its fragment size, which is
+    the page size on tmpfs (``os.sysconf("SC_PAGE_SIZE")``) and the block size on a disk
+    filesystem."""
+    stats = os.statvfs(path)
+    return stats.f_frsize or stats.f_bsize or os.sysconf("SC_PAGE_SIZE")
+
+
 def prepare_directory(path: str) -> str:
     """Create a tier directory if needed, remove temp files left by a crash, and return the
     directory's instance id.
 
-    The instance id lives in a marker file inside the directory and is copied into the index. A
-    different (or absent) marker means the directory was emptied or replaced — a tmpfs after a
-    reboot — so the index entries that point into it are stale.
+    The instance id is the name of an empty marker file inside the directory (empty: it takes
+    no room) and is copied into the index. A different (or absent) marker means the directory
+    was emptied or replaced — a tmpfs after a reboot — so the index entries that point into it
+    are stale.
     """
     tmp_dir = os.path.join(path, TMP_DIR_NAME)
     os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
     for entry in os.scandir(tmp_dir):
         _unlink_if_present(entry.path)
-    marker_path = os.path.join(path, MARKER_NAME)
-    try:
-        with open(marker_path, encoding="ascii", errors="replace") as marker:
-            instance_id = marker.read().strip()
-        if _INSTANCE_ID.fullmatch(instance_id):
-            return instance_id
-    except FileNotFoundError:
-        pass
-    instance_id = secrets.token_hex(16)
-    tmp_path = os.path.join(tmp_dir, MARKER_NAME)
-    with open(tmp_path, "w", encoding="ascii") as marker:
-        marker.write(instance_id + "\n")
-    os.rename(tmp_path, marker_path)
+    markers = [
+        name[1] for entry in os.scandir(path) if (name := _MARKER_NAME.fullmatch(entry.name))
+    ]
+    if len(markers) == 1:
+        instance_id = markers[0]
+    else:  # none (a new or emptied directory) or several (not cachefs's doing): a new identity,
+        # except that the marker of an older version (its id as content) keeps its identity
+        for old_id in markers:
+            _unlink_if_present(os.path.join(path, MARKER_PREFIX + old_id))
+        instance_id = _read_old_marker(path) if not markers else None
+        instance_id = instance_id or secrets.token_hex(16)
+        _create_empty(os.path.join(path, MARKER_PREFIX + instance_id))
+    _unlink_if_present(os.path.join(path, _OLD_MARKER_NAME))  # after its id has a new marker
     return instance_id
+
+
+def _read_old_marker(path: str) -> str | None:
+    """The instance id in a marker written before markers were empty files, if any."""
+    try:
+        with open(os.path.join(path, _OLD_MARKER_NAME), encoding="ascii", errors="replace") as f:
+            instance_id = f.read().strip()
+    except FileNotFoundError:
+        return None
+    return instance_id if _INSTANCE_ID.fullmatch(instance_id) else None
+
+
+def _create_empty(path: str) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
 
 def _subdirs(path: str) -> Iterator[os.DirEntry[str]]:

@@ -2,13 +2,22 @@
 
 Where things live:
 - block bytes: one file per block in the tier that admitted it (``tier.py``);
-- which tier holds a block, its size, checksum and LRU position: the LMDB index (``index.py``);
+- which tier holds a block, its size, checksums and LRU position: the LMDB index (``index.py``);
 - byte accounting: in-memory counters per tier and per source, loaded at open from totals that
   the index keeps in step with its entries, and changed only under ``self._lock``.
 
 Capacity is never exceeded, even transiently: a put first claims room in memory (``pending``),
 then writes the file, then commits the index entry and turns the claim into ``used``; removals
-unlink the file before giving the room back.
+unlink the file before giving the room back. Room is counted in footprints (sizes rounded up to
+the tier filesystem's allocation unit, ``tier.py``), so ``du`` of a RAM tier stays within it.
+
+Integrity: at admission the xxh3_64 of every ``CHUNK_SIZE`` chunk of a block (and of the whole
+block, for short-circuit readers) is computed from the bytes being admitted and stored in the
+block's index entry. Every read then reads the chunks its range touches (whole chunks) and
+checks each against its stored checksum, on every tier and every time: a block file damaged or
+changed in place on disk at any moment is never served. A block that fails (or whose file has
+the wrong size) is dropped and counted as ``corrupt``, and the read returns None, so the caller
+fetches the block again.
 
 Locks: no LMDB call is made while holding ``self._lock`` or ``self._stamp_lock``, so they can
 never deadlock with LMDB's own writer lock.
@@ -26,7 +35,17 @@ import resource
 import threading
 from collections.abc import Collection
 
-from cachefs.cache.base import BlockFile, BlockKey, CacheCounters, TierUsage, checksum
+from cachefs.cache.base import (
+    CHUNK_SIZE,
+    BlockFile,
+    BlockKey,
+    CacheCounters,
+    CheckedBlock,
+    TierUsage,
+    checksum,
+    chunk_checksums,
+    first_bad_chunk,
+)
 from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TierRecord, TotalsDelta
 from cachefs.cache.tier import Tier, TierConfig, prepare_directory
 from cachefs.errors import CachefsError, ConfigError
@@ -84,13 +103,12 @@ class TieredBlockCache:
         self._in_flight: dict[bytes, threading.Event] = {}
         self._closed = False
         self._admitted = self._refused = self._evicted = self._corrupt = self._missing = 0
-        # Reads only record (key → stamp) here; stamps reach the index in batches.
+        # Reads only record (key → stamp) here; stamps reach the index in batches. So do the
+        # chunk checksums that reads compute for entries from index format 1 (key → (file id,
+        # checksums)): until then, such a block is verified whole on every read.
         self._stamp_lock = threading.Lock()
         self._touched: dict[bytes, int] = {}
-        # File ids (unique per admission) of blocks that passed a full checksum check in this
-        # process. Not the keys: a block re-admitted after a removal must be verified again.
-        # Single add/discard/in operations on a set are atomic in CPython: no lock needed.
-        self._verified: set[int] = set()
+        self._chunk_upgrades: dict[bytes, tuple[int, bytes]] = {}
 
         self._index = BlockIndex(index_dir, index_map_size)
         try:
@@ -98,9 +116,12 @@ class TieredBlockCache:
             self._tiers, new_tiers = self._attach_tiers(tiers)
             self._tier_by_id = {tier.tier_id: tier for tier in self._tiers}
             self._tier_by_name = {tier.name: tier for tier in self._tiers}
+            upgraded = self._index.legacy_format and self._upgrade_legacy_entries()
             self._sweep_orphans(self._tiers if not was_clean else new_tiers)
             self._load_totals()
             self._clock = self._index.clock()
+            if upgraded:
+                self._fit_to_capacity()
         except BaseException:
             self._index.close()  # not marked clean: the next open sweeps again
             raise
@@ -178,6 +199,39 @@ class TieredBlockCache:
             if removed:
                 log.info("cache tier %r: removed %d orphaned block files", tier.name, removed)
 
+    def _upgrade_legacy_entries(self) -> bool:
+        """Bring an index of format 1 to the current one, in one transaction: each entry gets
+        its footprint (its totals counted its size), and the index the new format version.
+        The entries' chunk checksums are left for the first read of each block, which verifies
+        the whole block against its checksum from format 1 and computes them (reading every
+        block here would make opening a large SSD tier take minutes). Returns whether any
+        entry was upgraded."""
+        upgraded = 0
+        with self._index.write() as writer:
+            for raw, entry in list(writer.legacy_entries()):
+                tier = self._tier_by_id[entry.tier_id]  # other tiers' entries are dropped
+                writer.remove(raw, entry)
+                writer.insert(raw, entry._replace(footprint=tier.footprint(entry.size)))
+                upgraded += 1
+            writer.mark_format_current()
+        log.info("block cache index %s: upgraded %d entries to format 2", self._index_dir, upgraded)
+        return upgraded > 0
+
+    def _fit_to_capacity(self) -> None:
+        """Evict least recently used blocks from tiers whose blocks take more room than their
+        capacity: after an upgrade that started counting footprints instead of sizes."""
+        for tier in self._tiers:
+            excess = tier.used - tier.capacity
+            if excess > 0:
+                freed = self._evict_oldest(tier, excess)
+                log.warning(
+                    "cache tier %r: its blocks took %d bytes more than its capacity once counted "
+                    "as the filesystem allocates them; evicted %d bytes",
+                    tier.name,
+                    excess,
+                    freed,
+                )
+
     def _load_totals(self) -> None:
         for tier in self._tiers:
             tier.used, tier.reserved_used, tier.blocks = self._index.tier_totals(tier.tier_id)
@@ -202,8 +256,23 @@ class TieredBlockCache:
                 f"block {key.hex}: bad read range offset={offset} length={length} "
                 "(offset must be >= 0, length >= 0 or -1 for 'to the end')"
             )
+        found = self._read(key.raw, offset, length, tier)
+        return None if found is None else found[0]
+
+    def read_with_checksums(self, key: BlockKey, *, tier: str | None = None) -> CheckedBlock | None:
+        found = self._read(key.raw, 0, -1, tier)
+        if found is None:
+            return None
+        data, entry = found
+        # An entry from index format 1 has none stored yet: they are computed from bytes that
+        # were just verified against its whole-block checksum, stored at admission.
+        return CheckedBlock(data, entry.chunk_checksums or chunk_checksums(data))
+
+    def _read(
+        self, raw: bytes, offset: int, length: int, tier: str | None
+    ) -> tuple[bytes, Entry] | None:
+        """The verified bytes of a read and the entry they were read by, or None."""
         self._check_open()
-        raw = key.raw
         only_tier_id = None if tier is None else self._tier_id_of(tier)
         value = self._index.get(raw)
         # A file can vanish between the index lookup and open() because the block was evicted
@@ -217,7 +286,7 @@ class TieredBlockCache:
                 self._drop(raw, entry, corrupt=True)
                 return None
             if result is not _VANISHED:
-                return result
+                return result, entry
             value = self._index.get(raw)
             if value is not None and Entry.unpack(value).file_id == entry.file_id:
                 self._drop(raw, entry, corrupt=False)  # the index still points at that file
@@ -230,6 +299,8 @@ class TieredBlockCache:
         return -1 if tier is None else tier.tier_id
 
     def _read_entry(self, raw: bytes, entry: Entry, offset: int, length: int) -> object:
+        """Bytes ``[offset, offset+length)`` of the block ``entry`` describes, after checking
+        every chunk they touch; or _VANISHED, or _CORRUPT."""
         tier = self._tier_by_id[entry.tier_id]
         self._touch(raw)
         open_files = tier.open_files
@@ -240,24 +311,39 @@ class TieredBlockCache:
         size = entry.size
         end = size if length < 0 else min(size, offset + length)
         promotable = self._promote and tier is not self._tiers[0]
+        chunked = bool(entry.chunk_checksums)
         try:
             if stat.st_size != size:
                 return _CORRUPT
-            if (offset == 0 and end == size) or promotable or entry.file_id not in self._verified:
-                whole = _pread_exact(fd, size, 0)
-                if whole is None or checksum(whole) != entry.checksum:
-                    return _CORRUPT
-                self._verified.add(entry.file_id)
-                result = whole if end - offset == size else whole[offset:end]
-            else:
-                result = _pread_exact(fd, max(0, end - offset), offset)
-                if result is None:
-                    return _CORRUPT
+            if promotable or not chunked:  # the whole block: to copy it, or to check it whole
+                start, stop = 0, size
+            elif offset >= end:
+                return b""  # touches no chunk
+            else:  # the chunks the range touches, whole
+                start = offset - offset % CHUNK_SIZE
+                stop = min(size, end + (-end % CHUNK_SIZE))
+            span = _pread_exact(fd, stop - start, start)
         finally:
             open_files.release(fd, kept)
+        if span is None:
+            return _CORRUPT
+        if chunked:
+            if first_bad_chunk(span, entry.chunk_checksums, start // CHUNK_SIZE) is not None:
+                return _CORRUPT
+        elif checksum(span) == entry.checksum:  # an entry from index format 1
+            self._add_chunk_checksums(raw, entry.file_id, chunk_checksums(span))
+        else:
+            return _CORRUPT
         if promotable:
-            self._promote_block(raw, entry, tier, whole)
-        return result
+            self._promote_block(raw, entry, tier, span)
+        if offset >= end:
+            return b""
+        return span if (start, stop) == (offset, end) else span[offset - start : end - start]
+
+    def _add_chunk_checksums(self, raw: bytes, file_id: int, chunk_sums: bytes) -> None:
+        """Queue the chunk checksums of an entry from index format 1 for the next index write."""
+        with self._stamp_lock:
+            self._chunk_upgrades[raw] = (file_id, chunk_sums)
 
     def _touch(self, raw: bytes) -> None:
         with self._stamp_lock:
@@ -311,67 +397,73 @@ class TieredBlockCache:
             with self._lock:
                 self._refused += 1
             return None
-        block_checksum = checksum(data)  # before the write lock is taken: 4 MiB is ~0.5 ms
+        footprint = tier.footprint(size)
+        # Before the write lock is taken (4 MiB: ~0.5 ms), and from the bytes being admitted,
+        # not from the file: every later read is checked against what was handed to put().
+        block_checksum = checksum(data)
+        chunk_sums = chunk_checksums(data)
         file_id = self._next_stamp()
         try:
             tier.write_block(raw, file_id, data)
         except OSError as exc:
             with self._lock:
-                tier.pending -= size
+                tier.pending -= footprint
             log.warning("cache tier %r: could not write block %s: %s", tier.name, raw.hex(), exc)
             return None
         try:
             with self._index.write() as writer:
                 self._write_stamps(writer)
                 entry = Entry(
-                    tier.tier_id,
-                    self._reserved_on_admission(writer, tier, size),
-                    size,
-                    block_checksum,
+                    tier_id=tier.tier_id,
+                    reserved=self._reserved_on_admission(writer, tier, footprint),
+                    size=size,
+                    footprint=footprint,
+                    checksum=block_checksum,
                     stamp=self._next_stamp(),
                     file_id=file_id,
+                    chunk_checksums=chunk_sums,
                 )
                 writer.insert(raw, entry)
         except BaseException:
             tier.remove_block(raw, file_id)
             with self._lock:
-                tier.pending -= size
+                tier.pending -= footprint
             raise
         with self._lock:
-            tier.pending -= size
+            tier.pending -= footprint
             self._apply(writer.delta)
             self._admitted += 1
-            # This process wrote the file from bytes it holds: it is verified by construction.
-            # (Whole-block reads are still always checked; a restart checks every block again.)
-            self._verified.add(file_id)
         return tier.name
 
     @staticmethod
-    def _reserved_on_admission(writer: IndexWriter, tier: Tier, size: int) -> bool:
+    def _reserved_on_admission(writer: IndexWriter, tier: Tier, footprint: int) -> bool:
         """The first ``reserve`` bytes admitted to a tier are flagged reserved (never evicted)."""
         reserved_used = writer.tier_totals(tier.tier_id).reserved_used
-        return tier.reserve > 0 and reserved_used + size <= tier.reserve
+        return tier.reserve > 0 and reserved_used + footprint <= tier.reserve
 
     def _claim_free_room(self, tiers: list[Tier], size: int) -> Tier | None:
-        """Claim ``size`` bytes in the first of ``tiers`` that has them free."""
+        """Claim the footprint of a ``size``-byte block in the first of ``tiers`` that has it
+        free (give it back as ``tier.footprint(size)``)."""
         with self._lock:
             for tier in tiers:
-                if tier.free() >= size:
-                    tier.pending += size
+                footprint = tier.footprint(size)
+                if tier.free() >= footprint:
+                    tier.pending += footprint
                     return tier
         return None
 
     def _make_room(self, size: int) -> Tier | None:
         """lru policy: evict from the first tier where evicting can make room, and claim it."""
         for tier in self._tiers:
+            footprint = tier.footprint(size)
             for _attempt in range(_MAKE_ROOM_ATTEMPTS):
                 with self._lock:
-                    if tier.free() >= size:
-                        tier.pending += size
+                    if tier.free() >= footprint:
+                        tier.pending += footprint
                         return tier
-                    shortfall = size - tier.free()
+                    shortfall = footprint - tier.free()
                     # Even evicting every non-reserved block would not free enough.
-                    if tier.capacity - tier.reserved_used - tier.pending < size:
+                    if tier.capacity - tier.reserved_used - tier.pending < footprint:
                         break
                 if self._evict_oldest(tier, shortfall) == 0:
                     break
@@ -381,8 +473,9 @@ class TieredBlockCache:
 
     def evict_lru(self, tier_name: str, nbytes: int, *, source_id: int | None = None) -> int:
         """Evict least recently used, non-reserved blocks of one tier (optionally of one source
-        only) until ``nbytes`` are freed or none are left; the last block may overshoot.
-        Returns the bytes freed. For cleanup policies; counted as evictions."""
+        only) until ``nbytes`` of its room are freed or none are left; the last block may
+        overshoot. Returns the room freed (footprints). For cleanup policies; counted as
+        evictions."""
         self._check_open()
         tier = self._tier_by_name.get(tier_name)
         if tier is None:
@@ -392,12 +485,14 @@ class TieredBlockCache:
         return self._evict_oldest(tier, nbytes, source_id)
 
     def _evict_oldest(self, tier: Tier, nbytes: int, source_id: int | None = None) -> int:
+        """Evict until ``nbytes`` of the tier's room are freed; returns the room freed."""
         with self._index.write() as writer:
             self._write_stamps(writer)  # so the order reflects every read so far
             victims = writer.oldest_evictable(tier.tier_id, nbytes, source_id)
             for raw, entry in victims:
                 writer.remove(raw, entry)
-        return self._finish_removal(victims, writer.delta, evicted=True)
+        self._finish_removal(victims, writer.delta, evicted=True)
+        return sum(entry.footprint for _raw, entry in victims)
 
     def evict(self, key: BlockKey) -> int:
         self._check_open()
@@ -475,10 +570,10 @@ class TieredBlockCache:
     def _finish_removal(
         self, removed: list[tuple[bytes, Entry]], delta: TotalsDelta, *, evicted: bool = False
     ) -> int:
-        """After the index commit: delete the files, then give their room back."""
+        """After the index commit: delete the files, then give their room back. Returns the
+        bytes of the blocks removed (their sizes)."""
         for raw, entry in removed:
             self._tier_by_id[entry.tier_id].remove_block(raw, entry.file_id)
-            self._verified.discard(entry.file_id)
         with self._lock:
             self._apply(delta)
             if evicted:
@@ -500,6 +595,7 @@ class TieredBlockCache:
             target = self._claim_free_room(earlier, entry.size)
             if target is None:
                 return
+            footprint = target.footprint(entry.size)
             file_id = self._next_stamp()
             try:
                 target.write_block(raw, file_id, data)
@@ -507,7 +603,7 @@ class TieredBlockCache:
             except BaseException as exc:
                 target.remove_block(raw, file_id)
                 with self._lock:
-                    target.pending -= entry.size
+                    target.pending -= footprint
                 if not isinstance(exc, OSError):
                     raise
                 log.warning(
@@ -519,7 +615,7 @@ class TieredBlockCache:
             else:
                 source.remove_block(raw, entry.file_id)
             with self._lock:
-                target.pending -= entry.size
+                target.pending -= footprint
                 if delta is not None:
                     self._apply(delta)
         finally:
@@ -535,9 +631,11 @@ class TieredBlockCache:
             if current is None or current.file_id != entry.file_id:
                 return None
             writer.remove(raw, current)
+            footprint = target.footprint(current.size)
             moved = current._replace(
                 tier_id=target.tier_id,
-                reserved=self._reserved_on_admission(writer, target, current.size),
+                reserved=self._reserved_on_admission(writer, target, footprint),
+                footprint=footprint,
                 stamp=self._next_stamp(),
                 file_id=file_id,
             )
@@ -567,14 +665,18 @@ class TieredBlockCache:
                 self._shard_bytes.pop(shard_prefix, None)
 
     def _write_stamps(self, writer: IndexWriter) -> None:
-        """Write the access stamps recorded by reads since the last batch."""
+        """Write the access stamps (and chunk checksums of format 1 entries) recorded by reads
+        since the last batch."""
         with self._stamp_lock:
             touched, self._touched = self._touched, {}
+            upgrades, self._chunk_upgrades = self._chunk_upgrades, {}
         for raw, stamp in touched.items():
             writer.restamp(raw, stamp)
+        for raw, (file_id, chunk_sums) in upgrades.items():
+            writer.add_chunk_checksums(raw, file_id, chunk_sums)
 
     def _flush_stamps(self) -> None:
-        if self._touched:
+        if self._touched or self._chunk_upgrades:
             with self._index.write() as writer:
                 self._write_stamps(writer)
 

@@ -39,7 +39,7 @@ from typing import Protocol
 
 import trio
 
-from cachefs.cache.base import BlockCache, BlockKey
+from cachefs.cache.base import BlockCache, BlockKey, CheckedBlock
 from cachefs.errors import CachefsError, StoreError, StoreIOError
 from cachefs.metrics import WorkerMetrics
 from cachefs.peer.base import BlockRequest, PeerError, PeerRefused, PeerUnavailable
@@ -285,10 +285,13 @@ class BlockReader:
         metrics.bytes_served[where] += length
         return block[offset : offset + length]
 
-    async def read_owned_block(self, source: DataSource, file: FileVersion, index: int) -> bytes:
-        """A whole block for a peer that asked this node, its owner: from the cache, else from
-        the store and admitted here. Never forwarded to another node as a plain request (two
-        nodes with different views of the membership must not send one back and forth).
+    async def read_owned_block(
+        self, source: DataSource, file: FileVersion, index: int
+    ) -> CheckedBlock:
+        """A whole block for a peer that asked this node, its owner: from the cache (with the
+        chunk checksums recorded at its admission), else from the store and admitted here.
+        Never forwarded to another node as a plain request (two nodes with different views of
+        the membership must not send one back and forth).
 
         For up to a heartbeat after a membership change (a scale, a clone) the asker may know
         before this node does that this node owns the shard. If this node's view still names
@@ -297,30 +300,33 @@ class BlockReader:
         says it owns the shard — the hand-off or fill copies it then."""
         self.last_read_at[source.dataset] = time.time()
         key = self._block_key(source, file, index)
-        data = await self._read_whole_cached(key)
-        if data is None:
+        block = await self._read_whole_cached(key)
+        if block is None:
             holder = self.route.owner_address(source.dataset, key.shard) if self.route else None
             data, _ = await self._fetch(source, file, index, key, holder=holder)
+            block = CheckedBlock.of(data)  # just fetched: checksummed as its admission does
         self.metrics.peer_served += 1
-        return data
+        return block
 
     async def read_cached_block(
         self, source: DataSource, file: FileVersion, index: int
-    ) -> bytes | None:
+    ) -> CheckedBlock | None:
         """A whole block from this node's cache only, or None if it is not cached (a peer's
         cached-only request: never the store, never another node). Not counted as a read of
         the dataset: it is a copy being filled, not a job reading, and counting it would keep
         the copy it is cloned from looking busy."""
-        data = await self._read_whole_cached(self._block_key(source, file, index))
-        if data is not None:
+        block = await self._read_whole_cached(self._block_key(source, file, index))
+        if block is not None:
             self.metrics.peer_served += 1
-        return data
+        return block
 
-    async def _read_whole_cached(self, key: BlockKey) -> bytes | None:
-        data = self.cache.read(key, tier="ram")
-        if data is not None or self.cache.locate(key) is None:
-            return data
-        return await trio.to_thread.run_sync(self.cache.read, key, limiter=self._disk_limiter)
+    async def _read_whole_cached(self, key: BlockKey) -> CheckedBlock | None:
+        block = self.cache.read_with_checksums(key, tier="ram")
+        if block is not None or self.cache.locate(key) is None:
+            return block
+        return await trio.to_thread.run_sync(
+            partial(self.cache.read_with_checksums, key), limiter=self._disk_limiter
+        )
 
     async def _fetch(
         self,

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from cachefs.cache.base import CheckedBlock
 from cachefs.errors import BadFileHandle, IsADirectory, NotADirectory, PathNotFound, ReadOnly
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
 from cachefs.meta import ROOT as SNAPSHOT_ROOT
@@ -235,8 +236,9 @@ class FileSystem:
         self._versions[dataset.slot << SLOT_SHIFT | entry.ino] = remembered
         return remembered
 
-    async def serve_peer_block(self, request: BlockRequest) -> bytes:
-        """A whole block another node asked this node for (the peer server's ``serve_block``).
+    async def serve_peer_block(self, request: BlockRequest) -> CheckedBlock:
+        """A whole block another node asked this node for (the peer server's ``serve_block``),
+        with its chunk checksums.
         The file must be the one our snapshot serves (same etag and size): otherwise
         LookupError → 404, and the asker reads the store itself.
 

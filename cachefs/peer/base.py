@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from cachefs.errors import CachefsError
 
 BLOCKS_PATH = "/v1/blocks"
+# A block's answer carries its chunk checksums (cache/base.py ``chunk_checksums``): the chunk
+# size in bytes (decimal), and each chunk's xxh3_64 as 16 hex digits, concatenated in order.
+CHUNK_SIZE_HEADER = b"x-cachefs-chunk-size"
+CHUNK_CHECKSUMS_HEADER = b"x-cachefs-chunk-checksums"
 MIN_BLOCK_SIZE = 4096
 MAX_BLOCK_SIZE = 64 << 20
 

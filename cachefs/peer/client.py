@@ -5,7 +5,9 @@ call is bounded by ``timeout_s`` (a SIGSTOPped peer accepts connections but neve
 a peer that just failed at the transport level is skipped for ``cooldown_s`` without any I/O, so
 reads go straight to the store instead of each paying the timeout again. A peer that answers but
 declines (404/409/503) is healthy and is not cooled down. Bytes are returned only if their
-length and checksum match: a corrupt transfer is an error, never data.
+length and the checksum of every chunk match those the owner sent, which its index recorded
+when it admitted the block: a corrupt transfer, or a block damaged on the owner's disk, is an
+error, never data (the reader then reads the store).
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ import time
 import httpx
 import trio
 
-from cachefs.cache.base import checksum
+from cachefs.cache.base import CHUNK_CHECKSUM_LEN, chunk_count, first_bad_chunk
 from cachefs.peer.base import (
     BLOCKS_PATH,
+    CHUNK_CHECKSUMS_HEADER,
+    CHUNK_SIZE_HEADER,
+    MAX_BLOCK_SIZE,
+    MIN_BLOCK_SIZE,
     BlockRequest,
     PeerError,
     PeerRefused,
@@ -112,13 +118,36 @@ class PeerClient:
             announced = resp.headers.get("content-length")
             if announced != str(req.length):
                 raise _PeerFault(f"content-length {announced}, expected {req.length}")
+            chunk_size, chunk_sums = _chunk_checksums(resp.headers, req.length)
             data = await resp.aread()
         if len(data) != req.length:
             raise _PeerFault(f"{len(data)} bytes, expected {req.length}")
-        expected = resp.headers.get("x-cachefs-checksum")
-        if expected != f"{checksum(data):016x}":
-            raise _PeerFault(f"checksum mismatch (header {expected!r})")
+        bad = first_bad_chunk(data, chunk_sums, chunk_size=chunk_size)
+        if bad is not None:
+            raise _PeerFault(f"checksum mismatch in chunk {bad} ({chunk_size}-byte chunks)")
         return data
+
+
+def _chunk_checksums(headers: httpx.Headers, length: int) -> tuple[int, bytes]:
+    """The chunk size and chunk checksums a block's answer announces; _PeerFault if they are
+    missing or malformed."""
+    size_text = headers.get(CHUNK_SIZE_HEADER.decode(), "")
+    if not (size_text.isascii() and size_text.isdigit()):
+        raise _PeerFault(f"chunk size header {size_text[:30]!r} is not a byte count")
+    chunk_size = int(size_text)
+    if not MIN_BLOCK_SIZE <= chunk_size <= MAX_BLOCK_SIZE:
+        raise _PeerFault(f"chunk size {chunk_size} outside [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}]")
+    sums_text = headers.get(CHUNK_CHECKSUMS_HEADER.decode(), "")
+    try:
+        chunk_sums = bytes.fromhex(sums_text)
+    except ValueError:
+        raise _PeerFault(f"chunk checksums header is not hex: {sums_text[:40]!r}") from None
+    expected = chunk_count(length, chunk_size)
+    if len(chunk_sums) != expected * CHUNK_CHECKSUM_LEN:
+        raise _PeerFault(
+            f"{len(chunk_sums) // CHUNK_CHECKSUM_LEN} chunk checksums, expected {expected}"
+        )
+    return chunk_size, chunk_sums
 
 
 def _message(address: str, req: BlockRequest, reason: str) -> str:

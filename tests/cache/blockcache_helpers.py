@@ -6,7 +6,9 @@ import os
 
 from cachefs.cache.base import BlockKey
 
-BLOCK = 1024  # tests use KiB-sized blocks
+# Tests use page-sized blocks: a tier counts each block's size rounded up to its filesystem's
+# allocation unit (4 KiB pages or blocks here), so a whole number of BLOCKs fills it exactly.
+BLOCK = 4096
 
 
 def key(index: int, source_id: int = 1) -> BlockKey:
@@ -19,8 +21,9 @@ def block_data(index: int, size: int = BLOCK) -> bytes:
     return (pattern * (size // len(pattern) + 1))[:size]
 
 
-def block_files_bytes(tier_dir: str) -> int:
-    """Bytes of all block files in a tier directory (temp files excluded)."""
+def block_files_du(tier_dir: str) -> int:
+    """Bytes the block files of a tier directory take on its filesystem, as ``du`` counts them
+    (temp files and the marker excluded)."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(tier_dir):
         dirnames[:] = [name for name in dirnames if name != "tmp"]
@@ -28,7 +31,7 @@ def block_files_bytes(tier_dir: str) -> int:
             if name.startswith("."):
                 continue
             try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
+                total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
             except FileNotFoundError:  # removed while walking
                 pass
     return total

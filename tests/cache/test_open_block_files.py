@@ -16,7 +16,7 @@ import pytest
 import cachefs.cache.open_files as open_files_module
 import cachefs.cache.tiered as tiered_module
 from cachefs.cache.open_files import OpenBlockFiles
-from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_bytes, key
+from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_du, key
 
 
 def open_fds_under(directory) -> list[str]:
@@ -168,7 +168,7 @@ def test_reads_keep_the_block_file_open_and_every_removal_closes_it(make_cache, 
     ]
     cache.free_blocks(1)
     assert open_fds_under(tmp_path / "ram") == []
-    assert block_files_bytes(str(tmp_path / "ram")) == 0
+    assert block_files_du(str(tmp_path / "ram")) == 0
 
 
 def test_lru_eviction_closes_the_file_of_the_block_it_evicts(make_cache, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from cachefs.cache import CacheClosed, TierConfig, TieredBlockCache, tiered
 from cachefs.errors import ConfigError
-from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_bytes, key
+from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_du, key
 
 
 def usage_of(cache: TieredBlockCache, tier_name: str):
@@ -54,8 +54,7 @@ def test_partial_reads_return_the_requested_range(make_cache):
     data = block_data(3, 1000)
     cache.put(key(3), data)
     ranges = [(0, 10), (10, 1), (999, 1), (500, -1), (990, 100), (1000, 5), (2000, 5), (0, 0)]
-    # Twice: the first read of a block verifies the whole block, later partial reads do not.
-    for _round in range(2):
+    for _round in range(2):  # every read is checked the same way, the first and later ones
         for offset, length in ranges:
             expected = data[offset:] if length < 0 else data[offset : offset + length]
             assert cache.read(key(3), offset, length) == expected, (offset, length)
@@ -97,7 +96,7 @@ def test_concurrent_puts_of_one_key_store_it_once(make_cache, tmp_path):
     assert results == ["ram"] * threads_count
     assert cache.counters().admitted == 1
     assert usage_of(cache, "ram").blocks == 1
-    assert block_files_bytes(str(tmp_path / "ram")) == BLOCK
+    assert block_files_du(str(tmp_path / "ram")) == BLOCK
     assert cache.read(key(5)) == block_data(5)
 
 
@@ -144,15 +143,15 @@ def test_capacity_is_never_exceeded_under_concurrent_puts_avoid_eviction(make_ca
 
     def check() -> None:
         # Without eviction files only ever appear, so a directory walk never over-counts.
-        assert block_files_bytes(str(tmp_path / "ram")) <= ram_capacity
-        assert block_files_bytes(str(tmp_path / "ssd")) <= ssd_capacity
+        assert block_files_du(str(tmp_path / "ram")) <= ram_capacity
+        assert block_files_du(str(tmp_path / "ssd")) <= ssd_capacity
         for usage in cache.usage():
             assert usage.used <= usage.capacity
 
     assert _watch_until_done(threads, check) >= 1
     assert not errors
     for usage in cache.usage():
-        assert block_files_bytes(usage.path) == usage.used <= usage.capacity
+        assert block_files_du(usage.path) == usage.used <= usage.capacity
     counters = cache.counters()
     assert counters.refused > 0  # the workload is larger than the cache
     assert counters.admitted == sum(usage.blocks for usage in cache.usage())
@@ -169,7 +168,7 @@ def test_capacity_is_never_exceeded_under_concurrent_puts_lru(make_cache):
     _watch_until_done(threads, check)
     assert not errors
     for usage in cache.usage():
-        assert block_files_bytes(usage.path) == usage.used <= usage.capacity
+        assert block_files_du(usage.path) == usage.used <= usage.capacity
     counters = cache.counters()
     assert counters.evicted > 0
     assert counters.admitted - counters.evicted == sum(usage.blocks for usage in cache.usage())
@@ -378,7 +377,7 @@ def test_concurrent_reads_puts_and_evictions_never_return_wrong_bytes(make_cache
     assert counters.evicted > 0
     assert counters.corrupt == counters.missing == 0
     for usage in cache.usage():
-        assert block_files_bytes(usage.path) == usage.used <= usage.capacity
+        assert block_files_du(usage.path) == usage.used <= usage.capacity
         assert usage.blocks == sum(cache.locate(key(i)) == usage.name for i in range(30))
 
 
@@ -410,9 +409,9 @@ def test_evict_source_removes_every_block_of_that_source(make_cache):
     assert cache.cached_bytes(1) == 0
     assert not any(cache.contains(key(i, source_id=1)) for i in range(5))
     assert all(cache.read(key(i, source_id=2)) == block_data(i, 100) for i in range(5))
-    assert sum(usage.used for usage in cache.usage()) == 500
+    assert sum(usage.used for usage in cache.usage()) == 5 * BLOCK  # 100 bytes take a page
     for usage in cache.usage():
-        assert block_files_bytes(usage.path) == usage.used
+        assert block_files_du(usage.path) == usage.used
     assert cache.evict_source(1) == 0
 
 
@@ -432,7 +431,7 @@ def test_free_blocks_keeps_the_reserve_and_other_sources(make_cache):
     assert cache.counters().evicted == 4  # cleanup counts as eviction
     assert cache.cached_bytes(1) == 3 * BLOCK
     for usage in cache.usage():
-        assert block_files_bytes(usage.path) == usage.used
+        assert block_files_du(usage.path) == usage.used
     assert (usage_of(cache, "ram").used, usage_of(cache, "ssd").used) == (2 * BLOCK, 2 * BLOCK)
     assert cache.free_blocks(1) == 0  # only the reserve is left
     assert cache.free_blocks(99) == 0  # a source with nothing cached
@@ -531,7 +530,7 @@ def test_promotion_moves_a_block_read_from_ssd_into_ram_when_ram_has_room(make_c
         ("ram", BLOCK, 1),
         ("ssd", BLOCK, 1),
     ]
-    assert block_files_bytes(str(tmp_path / "ssd")) == BLOCK
+    assert block_files_du(str(tmp_path / "ssd")) == BLOCK
 
 
 # --- configuration and lifecycle ----------------------------------------------------------------

@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_bytes, key
+from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_du, key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,17 +30,18 @@ def flip_byte(path: str, offset: int) -> None:
 def test_restart_comes_back_warm(make_cache):
     cache = make_cache(ram=4 * BLOCK, ram_reserve=BLOCK, ssd=4 * BLOCK)
     for i in range(6):
-        cache.put(key(i, source_id=i % 2), block_data(i, BLOCK + i))
+        cache.put(key(i, source_id=i % 2), block_data(i, BLOCK - i))
     usage_before = cache.usage()
     cache.close()
 
     cache = make_cache(ram=4 * BLOCK, ram_reserve=BLOCK, ssd=4 * BLOCK)
 
     assert cache.usage() == usage_before
-    assert cache.cached_bytes(0) == sum(BLOCK + i for i in (0, 2, 4))
-    assert cache.cached_bytes(1) == sum(BLOCK + i for i in (1, 3, 5))
+    assert [usage.blocks for usage in usage_before] == [4, 2]
+    assert cache.cached_bytes(0) == sum(BLOCK - i for i in (0, 2, 4))
+    assert cache.cached_bytes(1) == sum(BLOCK - i for i in (1, 3, 5))
     for i in range(6):
-        assert cache.read(key(i, source_id=i % 2)) == block_data(i, BLOCK + i)
+        assert cache.read(key(i, source_id=i % 2)) == block_data(i, BLOCK - i)
     assert cache.counters().corrupt == cache.counters().missing == 0
 
 
@@ -89,9 +90,7 @@ def test_a_tier_left_out_of_the_configuration_is_forgotten(make_cache, tmp_path)
 
 
 def test_a_flipped_byte_is_caught_by_a_whole_block_read(make_cache):
-    # Blocks this process wrote are verified by construction, so a partial read of them is not
-    # re-checked; whole-block reads always are, and so is every block's first read after a
-    # restart (next test).
+    # Partial reads, on every tier, are in test_block_integrity.py.
     cache = make_cache()
     cache.put(key(1), block_data(1))
     flip_byte(cache.block_path(key(1)), 700)
@@ -133,7 +132,7 @@ def test_a_verified_block_is_checked_again_on_every_whole_read(make_cache):
 def test_a_truncated_block_is_caught_even_by_a_partial_read(make_cache):
     cache = make_cache()
     cache.put(key(1), block_data(1))
-    assert cache.read(key(1)) == block_data(1)  # verified: later partial reads skip the checksum
+    assert cache.read(key(1)) == block_data(1)
     os.truncate(cache.block_path(key(1)), BLOCK // 2)
 
     assert cache.read(key(1), 0, 10) is None
@@ -153,7 +152,7 @@ def test_a_deleted_block_file_is_counted_missing(make_cache, tmp_path):
     counters = cache.counters()
     assert (counters.missing, counters.corrupt) == (1, 0)
     assert not cache.contains(key(1))
-    assert cache.usage()[0].used == BLOCK == block_files_bytes(str(tmp_path / "ram"))
+    assert cache.usage()[0].used == BLOCK == block_files_du(str(tmp_path / "ram"))
     assert cache.put(key(1), block_data(1)) == "ram"
     assert cache.read(key(1)) == block_data(1)
 
@@ -192,14 +191,14 @@ def test_after_a_crash_orphan_and_temp_files_are_removed_and_the_rest_is_warm(ma
         timeout=60,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()
-    assert block_files_bytes(str(tmp_path / "ssd")) == 3 * BLOCK  # 2 blocks + the orphan
+    assert block_files_du(str(tmp_path / "ssd")) == 3 * BLOCK  # 2 blocks + the orphan
 
     cache = make_cache(ram=4 * BLOCK, ssd=4 * BLOCK)
 
     assert not cache.contains(key(99))
     assert os.listdir(tmp_path / "ssd" / "tmp") == []
     for usage in cache.usage():
-        assert block_files_bytes(usage.path) == usage.used
+        assert block_files_du(usage.path) == usage.used
     assert [cache.locate(key(i)) for i in range(6)] == ["ram"] * 4 + ["ssd"] * 2
     for i in range(6):
         assert cache.read(key(i)) == block_data(i)
@@ -217,6 +216,6 @@ def test_an_unreadable_index_is_rebuilt_empty_and_the_stale_files_removed(make_c
 
     assert not any(cache.contains(key(i)) for i in range(3))
     assert cache.usage()[0].used == 0
-    assert block_files_bytes(str(tmp_path / "ram")) == 0
+    assert block_files_du(str(tmp_path / "ram")) == 0
     assert cache.put(key(0), block_data(0)) == "ram"
     assert cache.read(key(0)) == block_data(0)

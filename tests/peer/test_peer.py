@@ -1,7 +1,9 @@
 """The peer block transport over real sockets: hypercorn (trio) serving the app, PeerClient reading.
 
 Failure cases use real misbehaving peers: a closed port, a listener that accepts and never
-answers, and an ASGI wrapper that corrupts what the genuine app sends.
+answers, an ASGI wrapper that corrupts what the genuine app sends, and owners whose block bytes
+no longer match the checksums recorded when they admitted it (a real TieredBlockCache whose
+block file was changed on disk).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import httpx
 import pytest
 import trio
 
+from cachefs.cache import TierConfig, TieredBlockCache
+from cachefs.cache.base import CHUNK_SIZE, BlockKey, CheckedBlock, chunk_checksums
 from cachefs.errors import CachefsError, ObjectNotFound
 from cachefs.peer.base import BlockRequest, NotCached, PeerError, PeerRefused, PeerUnavailable
 from cachefs.peer.client import PeerClient
@@ -34,11 +38,11 @@ class FakeOwner:
         self.objects = objects or {}
         self.requests: list[BlockRequest] = []
 
-    async def serve_block(self, req: BlockRequest) -> bytes:
+    async def serve_block(self, req: BlockRequest) -> CheckedBlock:
         self.requests.append(req)
         data = self.objects[req.key]  # KeyError (a LookupError) → 404
         start = req.index * req.block_size
-        return data[start : start + req.block_size]
+        return CheckedBlock.of(data[start : start + req.block_size])
 
 
 def request_for(key: str, data: bytes, index: int = 0, block_size: int = MIB) -> BlockRequest:
@@ -54,18 +58,25 @@ async def peer_client(**kwargs) -> AsyncIterator[PeerClient]:
         await client.aclose()
 
 
-def corrupting(app, *, checksum: bytes | None = None, truncate: int = 0):
-    """Wrap ``app``: replace its checksum header and/or drop the body's last bytes."""
+def corrupting(
+    app, *, headers: dict[bytes, bytes | None] | None = None, truncate: int = 0, flip_at=None
+):
+    """Wrap ``app``: replace (None: remove) some of its headers, drop the body's last bytes,
+    and/or flip the body's byte at ``flip_at``."""
 
     async def wrapper(scope, receive, send):
         async def altered_send(message):
             if message["type"] == "http.response.start" and message["status"] == 200:
-                headers = dict(message["headers"])
-                if checksum is not None:
-                    headers[b"x-cachefs-checksum"] = checksum
-                message = {**message, "headers": list(headers.items())}
-            elif message["type"] == "http.response.body" and truncate:
-                message = {**message, "body": message["body"][:-truncate]}
+                altered = {**dict(message["headers"]), **(headers or {})}
+                kept = [(name, value) for name, value in altered.items() if value is not None]
+                message = {**message, "headers": kept}
+            elif message["type"] == "http.response.body":
+                body = message["body"]
+                if flip_at is not None:
+                    body = body[:flip_at] + bytes([body[flip_at] ^ 0x01]) + body[flip_at + 1 :]
+                if truncate:
+                    body = body[:-truncate]
+                message = {**message, "body": body}
             await send(message)
 
         await app(scope, receive, altered_send)
@@ -172,11 +183,11 @@ async def test_cached_only_reaches_the_owner_and_not_cached_is_404():
     cached = {("obj", 0)}
     seen: list[BlockRequest] = []
 
-    async def serve(req: BlockRequest) -> bytes:
+    async def serve(req: BlockRequest) -> CheckedBlock:
         seen.append(req)
         if req.cached_only and (req.key, req.index) not in cached:
             raise NotCached(req.key)
-        return data[req.index * 4096 : (req.index + 1) * 4096]
+        return CheckedBlock.of(data[req.index * 4096 : (req.index + 1) * 4096])
 
     async with served(create_peer_app(serve, TOKEN)) as address, peer_client() as client:
         hit = BlockRequest("ds", "obj", "e", len(data), 0, 4096, cached_only=True)
@@ -201,7 +212,7 @@ async def test_lookup_error_is_refused_without_cooldown():
 
 
 async def test_cachefs_error_is_refused_with_its_message():
-    async def failing(req: BlockRequest) -> bytes:
+    async def failing(req: BlockRequest) -> CheckedBlock:
         raise ObjectNotFound("gone from the bucket", dataset=req.dataset, key=req.key)
 
     async with served(create_peer_app(failing, TOKEN)) as address, peer_client() as client:
@@ -211,12 +222,14 @@ async def test_cachefs_error_is_refused_with_its_message():
         assert not client.is_cooling(address)
 
 
-@pytest.mark.parametrize("result", ["short", "crash"])
+@pytest.mark.parametrize("result", ["short", "crash", "checksums-missing"])
 async def test_owner_bug_is_500_and_no_bytes(result):
-    async def buggy(req: BlockRequest) -> bytes:
+    async def buggy(req: BlockRequest) -> CheckedBlock:
         if result == "crash":
             raise RuntimeError("bug")
-        return b"x" * (req.length - 1)
+        if result == "checksums-missing":
+            return CheckedBlock(b"x" * req.length, b"")
+        return CheckedBlock.of(b"x" * (req.length - 1))
 
     async with served(create_peer_app(buggy, TOKEN)) as address, peer_client() as client:
         with pytest.raises(PeerError, match="500") as info:
@@ -224,18 +237,40 @@ async def test_owner_bug_is_500_and_no_bytes(result):
     assert not isinstance(info.value, PeerRefused)
 
 
+CHECKSUMS = b"x-cachefs-chunk-checksums"
+CHUNK_SIZE_HEADER = b"x-cachefs-chunk-size"
+
+
 @pytest.mark.parametrize(
-    "corruption",
-    [{"checksum": b"0123456789abcdef"}, {"checksum": b""}, {"truncate": 1}],
-    ids=["wrong-checksum", "empty-checksum", "short-body"],
+    ("corruption", "reason"),
+    [
+        ({"headers": {CHECKSUMS: b"0123456789abcdef"}}, "chunk 0"),
+        ({"headers": {CHECKSUMS: b""}}, "0 chunk checksums, expected 1"),
+        ({"headers": {CHECKSUMS: None}}, "0 chunk checksums, expected 1"),
+        ({"headers": {CHECKSUMS: b"not hex at all!!"}}, "not hex"),
+        ({"headers": {CHUNK_SIZE_HEADER: None}}, "chunk size header ''"),
+        ({"headers": {CHUNK_SIZE_HEADER: b"12"}}, "chunk size 12 outside"),
+        ({"truncate": 1}, "expected 4096"),
+        ({"flip_at": 1000}, "checksum mismatch in chunk 0"),
+    ],
+    ids=[
+        "wrong-checksum",
+        "empty-checksums",
+        "no-checksums",
+        "not-hex",
+        "no-chunk-size",
+        "bad-chunk-size",
+        "short-body",
+        "flipped-byte",
+    ],
 )
-async def test_corrupt_transfer_is_error_then_cooldown_then_retry(corruption):
+async def test_corrupt_transfer_is_error_then_cooldown_then_retry(corruption, reason):
     data = random.randbytes(10000)
     owner = FakeOwner({"obj": data})
     app = corrupting(create_peer_app(owner.serve_block, TOKEN), **corruption)
     req = request_for("obj", data, block_size=4096)
     async with served(app) as address, peer_client(cooldown_s=0.3) as client:
-        with pytest.raises(PeerError) as info:
+        with pytest.raises(PeerError, match=re.escape(reason)) as info:
             await client.get_block(address, req)
         assert not isinstance(info.value, PeerRefused | PeerUnavailable)
         assert client.is_cooling(address)
@@ -246,6 +281,103 @@ async def test_corrupt_transfer_is_error_then_cooldown_then_retry(corruption):
         with pytest.raises(PeerError):
             await client.get_block(address, req)
         assert len(owner.requests) == 2
+
+
+async def test_a_flipped_byte_in_any_chunk_is_rejected_and_names_the_chunk():
+    data = random.randbytes(3 * CHUNK_SIZE + 500)
+    owner = FakeOwner({"obj": data})
+    req = request_for("obj", data, block_size=4 * CHUNK_SIZE)
+    for chunk in (0, 2, 3):  # the last chunk is the short one
+        app = corrupting(create_peer_app(owner.serve_block, TOKEN), flip_at=chunk * CHUNK_SIZE + 7)
+        async with served(app) as address, peer_client() as client:
+            with pytest.raises(PeerError, match=f"checksum mismatch in chunk {chunk} "):
+                await client.get_block(address, req)
+    app = create_peer_app(owner.serve_block, TOKEN)
+    async with served(app) as address, peer_client() as client:
+        assert await client.get_block(address, req) == data
+
+
+async def test_the_owner_sends_the_checksums_it_was_given_not_ones_of_what_it_read():
+    """An owner whose bytes no longer match what it admitted (here: handed over with the
+    checksums of the admitted bytes, as a cache's index gives them) is caught by the reader:
+    the server computes nothing over what it sends."""
+    admitted = random.randbytes(2 * CHUNK_SIZE)
+    damaged = admitted[:CHUNK_SIZE] + b"\0" + admitted[CHUNK_SIZE + 1 :]
+
+    async def damaged_owner(req: BlockRequest) -> CheckedBlock:
+        return CheckedBlock(damaged, chunk_checksums(admitted))
+
+    req = request_for("obj", admitted, block_size=4 * CHUNK_SIZE)
+    async with served(create_peer_app(damaged_owner, TOKEN)) as address, peer_client() as client:
+        with pytest.raises(PeerError, match="checksum mismatch in chunk 1 "):
+            await client.get_block(address, req)
+        assert client.is_cooling(address)
+
+
+async def test_an_owner_serving_from_a_real_cache_sends_its_admitted_checksums(tmp_path):
+    """The owner's side as the worker runs it: blocks from a TieredBlockCache with the chunk
+    checksums its index stored at admission. A block file changed on the owner's disk is
+    caught there (dropped, counted corrupt) and never sent."""
+    data = random.randbytes(3 * CHUNK_SIZE + 1)
+    key = BlockKey.make(1, "obj", '"etag-1"', 0)
+    cache = TieredBlockCache(
+        str(tmp_path / "index"), [TierConfig("ram", str(tmp_path / "ram"), 8 << 20)]
+    )
+    sent_checksums: list[str] = []
+
+    async def owner(req: BlockRequest) -> CheckedBlock:
+        block = cache.read_with_checksums(key)
+        if block is None:
+            raise NotCached(req.key)
+        return block
+
+    def record(app):
+        async def wrapper(scope, receive, send):
+            async def recording_send(message):
+                if message["type"] == "http.response.start":
+                    sent_checksums.append(dict(message["headers"]).get(CHECKSUMS, b"").decode())
+                await send(message)
+
+            await app(scope, receive, recording_send)
+
+        return wrapper
+
+    try:
+        cache.put(key, data)
+        req = request_for("obj", data, block_size=4 * CHUNK_SIZE)
+        app = record(create_peer_app(owner, TOKEN))
+        async with served(app) as address, peer_client() as client:
+            assert await client.get_block(address, req) == data
+            with open(cache.block_path(key), "r+b") as block_file:  # changed in place
+                block_file.seek(2 * CHUNK_SIZE + 3)
+                block_file.write(bytes([data[2 * CHUNK_SIZE + 3] ^ 0xFF]))
+            with pytest.raises(PeerRefused, match="404: not cached"):
+                await client.get_block(address, req)
+        assert sent_checksums[0] == chunk_checksums(data).hex()
+        assert cache.counters().corrupt == 1
+        assert not cache.contains(key)
+    finally:
+        cache.close()
+
+
+async def test_the_largest_block_and_another_chunk_size_round_trip():
+    """A 64 MiB block announces 512 chunk checksums in one header; a peer whose chunks have
+    another size (another version) is checked with the size it announces."""
+    data = bytes(64 << 20)
+    owner = FakeOwner({"big": data, "small": data[: 3 * CHUNK_SIZE]})
+    req = request_for("big", data, block_size=64 << 20)
+    app = create_peer_app(owner.serve_block, TOKEN)
+    async with served(app) as address, peer_client(timeout_s=30) as client:
+        assert await client.get_block(address, req) == data
+    small = data[: 3 * CHUNK_SIZE]
+    other_size = {
+        CHUNK_SIZE_HEADER: b"65536",
+        CHECKSUMS: chunk_checksums(small, 65536).hex().encode(),
+    }
+    app = corrupting(create_peer_app(owner.serve_block, TOKEN), headers=other_size)
+    async with served(app) as address, peer_client() as client:
+        req = request_for("small", small, block_size=4 * CHUNK_SIZE)
+        assert await client.get_block(address, req) == small
 
 
 async def test_mark_down_starts_cooldown():
@@ -302,11 +434,11 @@ async def test_max_inflight_answers_503_at_once():
     release = trio.Event()
     started = 0
 
-    async def slow(req: BlockRequest) -> bytes:
+    async def slow(req: BlockRequest) -> CheckedBlock:
         nonlocal started
         started += 1
         await release.wait()
-        return b"y" * req.length
+        return CheckedBlock.of(b"y" * req.length)
 
     req = request_for("obj", b"x" * 10000, block_size=4096)
     results: list[bytes] = []
