@@ -40,6 +40,7 @@ from cachefs.client import (
     one_line,
 )
 from cachefs.errors import CachefsError, ConfigError, EmptySource, StoreError
+from cachefs.pidlock import WORKER_LOCK_NAME, is_locked
 from cachefs.protocol import DEFAULT_BLOCK_SIZE, CleanupPolicy, DatasetSpec
 from cachefs.units import format_size, parse_duration, parse_size
 
@@ -82,32 +83,39 @@ def _worker_config(args, **cluster):
     )
 
 
-def cmd_up(args) -> int:
+def _run_worker(config, banner: str) -> int:
+    """Run a worker in the foreground. ``banner`` is printed once it serves (mounted, its
+    listeners up), never before a start that then fails: a failed start is only its one line
+    (``main``), with nothing left behind (``Worker.run``)."""
     import trio
 
     from cachefs.worker import Worker
 
-    config = _worker_config(args)
-    print(
-        f"cachefs: serving {config.mountpoint} (state {config.state_dir}); "
-        "Ctrl-C or `cachefs down` to stop",
-        file=sys.stderr,
-    )
-    trio.run(Worker(config).run)
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(Worker(config).run)
+            print(banner, file=sys.stderr, flush=True)
+
+    trio.run(serve)
     return 0
 
 
+def cmd_up(args) -> int:
+    config = _worker_config(args)
+    return _run_worker(
+        config,
+        f"cachefs: serving {config.mountpoint} (state {config.state_dir}); "
+        "Ctrl-C or `cachefs down` to stop",
+    )
+
+
 def cmd_worker(args) -> int:
-    import trio
-
-    from cachefs.worker import Worker
-
     url = _require_coordinator(args)
     token = find_token(args.token_file, args.state)
     if not token:
         raise ConfigError(
-            "no API token: pass --token-file or set CACHEFS_TOKEN (the coordinator writes one "
-            "to <its state>/token)"
+            "no API token: pass --token-file FILE (a file holding it, such as the "
+            "coordinator's <state>/token) or set CACHEFS_TOKEN to the token itself"
         )
     config = _worker_config(
         args,
@@ -119,13 +127,11 @@ def cmd_worker(args) -> int:
         peer_timeout_s=parse_duration(args.peer_timeout),
         preload_processes=args.preload_processes,
     )
-    print(
+    return _run_worker(
+        config,
         f"cachefs: worker {config.node} serving {config.mountpoint}, peers on {config.listen}, "
         f"following {url}",
-        file=sys.stderr,
     )
-    trio.run(Worker(config).run)
-    return 0
 
 
 def cmd_coordinator(args) -> int:
@@ -177,9 +183,12 @@ def cmd_down(args) -> int:
         except WorkerNotRunning:
             print("cachefs: no worker running", file=sys.stderr)
             return 0
+        # The control socket stops answering before the worker has unmounted; the worker
+        # holds its state directory's lock until it has unmounted and closed its cache.
+        lock = os.path.join(args.state, WORKER_LOCK_NAME)
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
-            if not client.is_running():
+            if not client.is_running() and not is_locked(lock):
                 print("cachefs: worker stopped, mount removed, cache kept")
                 return 0
             time.sleep(0.1)
@@ -792,7 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state",
         default=default_state_dir(),
-        help="state directory of the worker (default $CACHEFS_STATE or /var/lib/cachefs)",
+        help="state directory: the worker's, or the coordinator's for `cachefs coordinator` "
+        "(default $CACHEFS_STATE or /var/lib/cachefs)",
     )
     parser.add_argument(
         "--coordinator",
@@ -800,7 +810,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--token-file",
-        help="API token file (default $CACHEFS_TOKEN, else <state>/token written by a coordinator)",
+        help="a file holding the API token (default: $CACHEFS_TOKEN, which holds the token "
+        "itself; else <state>/token, written by a coordinator)",
     )
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -962,7 +973,11 @@ def _add_worker_options(up: argparse.ArgumentParser) -> None:
         help="FUSE no-open mode: the kernel stops sending OPEN/RELEASE and warm reads never "
         "reach Python (auto: on when the patched pyfuse3 of third_party/ is installed)",
     )
-    up.add_argument("--metrics", default="127.0.0.1:9464", help="HOST:PORT for /metrics, or off")
+    up.add_argument(
+        "--metrics",
+        help="also serve /metrics on TCP at HOST:PORT, for Prometheus (default: only on the "
+        "control socket, so that workers sharing a machine never share a port)",
+    )
     up.add_argument("--node", help="node name (default: hostname)")
 
 

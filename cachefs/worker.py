@@ -17,7 +17,6 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,11 +49,13 @@ from cachefs.errors import (
 from cachefs.fs import fuse_ops
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
+from cachefs.host import TierRequest, check_tier_sizes, warn_if_short
 from cachefs.meta import BuildResult, Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics, counter, gauge, make_registry
+from cachefs.mountpoint import forget_mount, prepare_mountpoint, remember_mount
 from cachefs.peer.client import PeerClient
 from cachefs.peer.server import create_peer_app
-from cachefs.pidlock import LockHeld, take_pid_lock
+from cachefs.pidlock import WORKER_LOCK_NAME, LockHeld, take_pid_lock
 from cachefs.protocol import DatasetSpec
 from cachefs.registry import Registry
 from cachefs.store import StoreConfig, open_store
@@ -66,6 +67,8 @@ log = logging.getLogger("cachefs.worker")
 MAX_PATHS_PER_REQUEST = 10_000
 # Paths resolved between two trio checkpoints: a batch of thousands must not hold up FUSE.
 _RESOLVE_SLICE = 256
+# The longest path a unix socket can be bound to (sun_path holds 108 bytes with its NUL).
+_MAX_UNIX_PATH = 107
 
 
 def default_ram_dir(state_dir: str) -> str:
@@ -90,7 +93,10 @@ class WorkerConfig:
     attr_timeout: float = 3600.0
     max_tasks: int = 64
     allow_other: bool = True
-    metrics_listen: str | None = "127.0.0.1:9464"
+    # HOST:PORT of a TCP listener serving only /metrics; None: none (the control socket
+    # always serves /metrics). Off unless asked: a fixed default port would make a second
+    # worker on the machine fail to start.
+    metrics_listen: str | None = None
     no_open: bool | None = None  # None: on when the patched pyfuse3 is installed
     # Kernel readahead for the mount. FUSE's default (128 KiB) splits every file larger than
     # that into several READ requests; 1 MiB (the largest request libfuse negotiates) lets a
@@ -149,49 +155,109 @@ class Worker(WorkerAPI):
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Start, serve until shut down, stop. Whatever can be refused is checked before
+        anything is created, and each refusal is one line (ConfigError); a start that fails
+        later leaves nothing behind either: nothing mounted, no listener, and no tier directory
+        that it created."""
         cfg = self.config
-        os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
+        self._check_config()
         lock_file = self._take_lock()
+        new_dirs = [tier.path for tier in self._tier_configs() if not os.path.exists(tier.path)]
+        status = _StartStatus(task_status)
+        listeners: dict[str, socket.socket] = {}
         try:
-            self._open_state()
+            listeners = self._bind_listeners()
+            mount_path = await prepare_mountpoint(cfg.mountpoint, cfg.state_dir)
             try:
-                await self._serve(task_status)
+                try:
+                    self._open_state()
+                except OSError as exc:  # a tier or state path that cannot be used
+                    where = f" {exc.filename}" if exc.filename else ""
+                    raise ConfigError(f"cannot open the cache{where}: {exc.strerror}") from None
+                await self._serve(mount_path, listeners, status)
             finally:
-                self._close_state()
+                self._close_state()  # what was opened, also after a failed open
+        except BaseException:
+            if not status.done:
+                for path in new_dirs:
+                    shutil.rmtree(path, ignore_errors=True)
+            raise
         finally:
+            for sock in listeners.values():
+                sock.close()  # those not handed to a server yet
             lock_file.close()
 
-    def _take_lock(self):
+    def _check_config(self) -> None:
+        """What can be refused before anything is created."""
+        cfg = self.config
+        if cfg.coordinator and (not cfg.listen or not cfg.token):
+            raise ConfigError("a worker that follows a coordinator needs --listen and a token")
+        if len(cfg.socket_path.encode()) > _MAX_UNIX_PATH:
+            raise ConfigError(
+                f"state directory {cfg.state_dir} is too long a path for its control socket "
+                f"(at most {_MAX_UNIX_PATH - len('/worker.sock')} bytes): pass a shorter --state"
+            )
+        check_tier_sizes(self._tier_requests())
+
+    def _tier_configs(self) -> list[TierConfig]:
+        cfg = self.config
+        ram_dir = cfg.ram_dir or default_ram_dir(cfg.state_dir)
+        tiers = [TierConfig("ram", ram_dir, cfg.ram_capacity, cfg.ram_reserve)]
+        if cfg.ssd_dir and cfg.ssd_capacity > 0:
+            tiers.append(TierConfig("ssd", cfg.ssd_dir, cfg.ssd_capacity, cfg.ssd_reserve))
+        return tiers
+
+    def _tier_requests(self) -> list[TierRequest]:
+        return [
+            TierRequest(f"--{tier.name}", tier.path, tier.capacity, in_memory=tier.name == "ram")
+            for tier in self._tier_configs()
+        ]
+
+    def _bind_listeners(self) -> dict[str, socket.socket]:
+        """The TCP addresses, bound before anything is mounted or created: a port that is
+        taken is a one-line refusal with nothing to undo."""
+        cfg = self.config
+        wanted = {"metrics": ("--metrics", cfg.metrics_listen)}
+        if cfg.coordinator:
+            wanted["peer"] = ("--listen", cfg.listen)
+        listeners: dict[str, socket.socket] = {}
         try:
-            return take_pid_lock(os.path.join(self.config.state_dir, "worker.lock"))
+            for name, (option, address) in wanted.items():
+                if address:
+                    listeners[name] = bind_tcp(address, option)
+        except BaseException:
+            for sock in listeners.values():
+                sock.close()
+            raise
+        return listeners
+
+    def _take_lock(self):
+        """Create the state directory if needed and take its lock (one worker per directory)."""
+        state_dir = self.config.state_dir
+        try:
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+            return take_pid_lock(os.path.join(state_dir, WORKER_LOCK_NAME))
         except LockHeld as held:
             raise ConfigError(
                 f"another cachefs worker (pid {held.holder}) is using state directory "
-                f"{self.config.state_dir}; stop it with `cachefs down` or pass another --state"
+                f"{state_dir}; stop it with `cachefs down` or pass another --state"
             ) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot use state directory {state_dir}: {exc.strerror}") from None
 
     def _open_state(self) -> None:
         cfg = self.config
-        tiers = [
-            TierConfig(
-                "ram",
-                cfg.ram_dir or default_ram_dir(cfg.state_dir),
-                cfg.ram_capacity,
-                cfg.ram_reserve,
-            )
-        ]
-        if cfg.ssd_dir and cfg.ssd_capacity > 0:
-            tiers.append(TierConfig("ssd", cfg.ssd_dir, cfg.ssd_capacity, cfg.ssd_reserve))
         self.cache = TieredBlockCache(
             os.path.join(cfg.state_dir, "cache-index"),
-            tiers,
+            self._tier_configs(),
             admission=cfg.admission,
             promote=cfg.promote,
         )
+        held = {usage.path: usage.used for usage in self.cache.usage()}
+        for request in self._tier_requests():
+            warn_if_short(request, held.get(request.path, 0))
         self.registry = Registry(os.path.join(cfg.state_dir, "registry"))
         if cfg.coordinator:
-            if not cfg.listen or not cfg.token:
-                raise ConfigError("a worker that follows a coordinator needs --listen and a token")
             self.membership = Membership(cfg.node)
         self.fs = FileSystem(BlockReader(self.cache, self.metrics, cfg.limits))
         self.prefetcher = Prefetcher(
@@ -222,10 +288,12 @@ class Worker(WorkerAPI):
         if self.registry is not None:
             self.registry.close()
 
-    async def _serve(self, task_status) -> None:
+    async def _serve(
+        self, mount_path: str, listeners: dict[str, socket.socket], task_status
+    ) -> None:
+        """``mount_path``: the mountpoint, resolved before it becomes a FUSE mount (a stat of
+        it later would wait on our own FUSE loop)."""
         cfg = self.config
-        prepare_mountpoint(cfg.mountpoint)
-        mount_path = os.path.realpath(cfg.mountpoint)  # resolved before it becomes a FUSE mount
         ops = fuse_ops.FuseOperations(
             self.fs,
             self.metrics,
@@ -234,14 +302,18 @@ class Worker(WorkerAPI):
             no_open=cfg.no_open,
         )
         self.no_open = ops.no_open
-        fuse_ops.mount(
-            ops,
-            cfg.mountpoint,
-            fuse_ops.mount_options(allow_other=cfg.allow_other),
-        )
+        try:
+            fuse_ops.mount(
+                ops,
+                cfg.mountpoint,
+                fuse_ops.mount_options(allow_other=cfg.allow_other),
+            )
+        except RuntimeError as exc:  # pyfuse3's only word for it; libfuse logs the reason
+            raise ConfigError(f"cannot mount {cfg.mountpoint}: {exc}") from None
         self.mounted = True
         log.info("mounted %s (state %s)", cfg.mountpoint, cfg.state_dir)
         try:
+            remember_mount(cfg.state_dir, mount_path)  # for the next start, should we be killed
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._run_fuse)
                 if os.path.exists(cfg.socket_path):
@@ -250,9 +322,12 @@ class Worker(WorkerAPI):
                     self._serve_http, create_control_app(self), f"unix:{cfg.socket_path}", "control"
                 )
                 os.chmod(cfg.socket_path, 0o600)
-                if cfg.metrics_listen:
+                if "metrics" in listeners:
                     await nursery.start(
-                        self._serve_http, create_metrics_app(self), cfg.metrics_listen, "metrics"
+                        self._serve_http,
+                        create_metrics_app(self),
+                        listeners.pop("metrics"),
+                        "metrics",
                     )
                 # The servers and FUSE loop above end on their own once shutdown is set
                 # (hypercorn finishes in-flight requests, e.g. the reply to /v1/shutdown); the
@@ -264,7 +339,7 @@ class Worker(WorkerAPI):
                     await trio.to_thread.run_sync(os.stat, mount_path)
                     set_readahead(mount_path, cfg.readahead_kib)
                 if cfg.coordinator:
-                    await self._start_cluster(nursery)
+                    await self._start_cluster(nursery, listeners.pop("peer"))
                 else:
                     self._local_preloads = await self._open_local_preloads()
                 async with trio.open_nursery() as background:
@@ -289,10 +364,11 @@ class Worker(WorkerAPI):
                 with trio.CancelScope(shield=True):
                     await self.peers.aclose()
             fuse_ops.unmount()
+            forget_mount(cfg.state_dir)
             self.mounted = False
             log.info("unmounted %s", cfg.mountpoint)
 
-    async def _start_cluster(self, nursery: trio.Nursery) -> None:
+    async def _start_cluster(self, nursery: trio.Nursery, peer_listener: socket.socket) -> None:
         """Cluster mode: the peer block server, the peer client the read path uses, the
         preloader, the filler, the task runner and the heartbeat agent (started by the
         caller)."""
@@ -303,7 +379,7 @@ class Worker(WorkerAPI):
         await nursery.start(
             self._serve_http,
             create_peer_app(self.fs.serve_peer_block, cfg.token),
-            cfg.listen,
+            peer_listener,
             "peer",
         )
         self._fetchers = FetcherPool(cfg.preload_processes)
@@ -357,11 +433,14 @@ class Worker(WorkerAPI):
             raise ConfigError("the worker is still starting: try again in a moment")
         return self._local_preloads
 
-    async def _serve_http(self, app, bind: str, name: str, *, task_status) -> None:
-        """Serve an ASGI app with hypercorn until shutdown, finishing in-flight requests."""
+    async def _serve_http(self, app, bind: str | socket.socket, name: str, *, task_status) -> None:
+        """Serve an ASGI app with hypercorn until shutdown, finishing in-flight requests.
+        ``bind``: "unix:PATH", or a socket already bound (:func:`bind_tcp`), handed over."""
         from hypercorn.config import Config as HypercornConfig
         from hypercorn.trio import serve as hypercorn_serve
 
+        if isinstance(bind, socket.socket):
+            bind = f"fd://{bind.detach()}"  # hypercorn's socket owns the descriptor from now on
         config = HypercornConfig()
         config.bind = [bind]
         config.accesslog = None
@@ -1124,22 +1203,36 @@ def set_readahead(mount_path: str, kib: int) -> None:
         log.warning("could not set readahead of %s to %d KiB: %s", mount_path, kib, exc)
 
 
-def prepare_mountpoint(mountpoint: str) -> None:
-    """Create the mountpoint; clear a stale mount left by a killed worker ("Transport endpoint
-    is not connected"); refuse a live mount that belongs to someone else."""
+def bind_tcp(address: str, option: str) -> socket.socket:
+    """A TCP socket bound to ``address`` ("HOST:PORT"; listened on by hypercorn), or a one-line
+    ConfigError naming ``option``."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{option} wants HOST:PORT (e.g. 127.0.0.1:9464), got {address!r}")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        os.stat(mountpoint)
-    except FileNotFoundError:
-        os.makedirs(mountpoint)
+        # As hypercorn sets them on the sockets it binds itself.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, int(port)))
     except OSError as exc:
-        if exc.errno != errno.ENOTCONN:
-            raise ConfigError(f"cannot use mountpoint {mountpoint}: {exc.strerror}") from None
-        log.warning("clearing stale FUSE mount at %s", mountpoint)
-        subprocess.run(["umount", "-l", mountpoint], check=False, capture_output=True)
-    if os.path.ismount(mountpoint):
-        raise ConfigError(f"{mountpoint} is already a mount point (another worker?)")
-    if os.listdir(mountpoint):
-        raise ConfigError(f"mountpoint {mountpoint} is not empty")
+        sock.close()
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"cannot listen on {address} ({option}): {reason}") from None
+    return sock
+
+
+class _StartStatus:
+    """trio's task_status, remembering whether the start completed."""
+
+    def __init__(self, task_status) -> None:
+        self._task_status = task_status
+        self.done = False
+
+    def started(self, value=None) -> None:
+        self.done = True
+        self._task_status.started(value)
 
 
 async def run_worker(config: WorkerConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -54,9 +54,13 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
         command: tuple[str, ...] = ("up",),
+        own_process_group: bool = False,
     ):
         self.base_dir = base_dir
         self.command = command
+        # Its own process group (and session), as a terminal's foreground job: Ctrl-C
+        # (os.killpg(proc.pid, SIGINT)) then reaches the worker and every process it started.
+        self.own_process_group = own_process_group
         self.state = os.path.join(base_dir, "state")
         self.mount = os.path.join(base_dir, "mnt")
         self.ram_dir = f"/dev/shm/cachefs-test-{uuid.uuid4().hex[:10]}"
@@ -99,6 +103,7 @@ class WorkerProcess:
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=self.own_process_group,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -130,6 +135,14 @@ class WorkerProcess:
             self.proc.wait(timeout=10)
         self.proc = None
         force_unmount(self.mount)
+
+    def crash(self) -> None:
+        """SIGKILL, as the OOM killer does it: the mount is left behind, dead (its readers get
+        ENOTCONN), for the next start to clear."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
 
     def restart(self) -> WorkerProcess:
         self.stop()

@@ -13,6 +13,9 @@ instead (no extra processes; for small machines and tests).
 Each fetcher exits when the worker that owns the pool does, however it ends: a pool worker
 blocks on a queue whose write end it holds itself, and holds the forkserver's "alive" pipe, so
 after a SIGKILL of the worker (an OOM kill) neither would ever see EOF — they ran on forever.
+They ignore SIGINT: Ctrl-C in a terminal reaches every process of the foreground group, and the
+worker, which handles it, stops its fetchers itself (a fetcher interrupted mid-GET would only
+print a traceback).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import select
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -47,9 +51,11 @@ def fetch_range(config: StoreConfig, key: str, offset: int, length: int, etag: s
 
 
 def exit_with(owner: int) -> None:
-    """Runs first in each pool process: a daemon thread ends the process when ``owner`` (the
-    worker's pid, alive when this runs) exits. A pidfd names that very process (no pid reuse);
-    where there is none (Linux < 5.3), the pid is polled once a second."""
+    """Runs first in each pool process: SIGINT is ignored (the owner stops us), and a daemon
+    thread ends the process when ``owner`` (the worker's pid, alive when this runs) exits. A
+    pidfd names that very process (no pid reuse); where there is none (Linux < 5.3), the pid is
+    polled once a second."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         try:

@@ -1,0 +1,79 @@
+"""cachefs/host.py against the real machine: mounts read from /proc/self/mountinfo (real tmpfs
+mounts, one with a space in its path), and tier sizes checked against real filesystems."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+
+import pytest
+
+from cachefs.errors import ConfigError
+from cachefs.host import (
+    TierRequest,
+    check_tier_sizes,
+    filesystem_type,
+    memory_limit,
+    mounts,
+    mounts_at,
+    resolve_without_entering,
+    warn_if_short,
+)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real tmpfs of 4 MiB, on a path with a space (mountinfo writes it as \\040)."""
+    path = tmp_path / "a tmpfs"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], check=True)
+    try:
+        yield str(path)
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_mounts_are_read_with_their_paths_decoded(tmpfs):
+    (entry,) = mounts_at(tmpfs)
+    assert entry.fstype == "tmpfs" and not entry.is_fuse
+    assert entry.device == f"0:{os.minor(os.stat(tmpfs).st_dev)}"
+    assert entry in mounts()
+    assert filesystem_type(os.path.join(tmpfs, "not", "made", "yet")) == "tmpfs"
+
+
+def test_resolve_without_entering_resolves_only_the_parent(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert resolve_without_entering(str(tmp_path / "link" / "mnt")) == str(
+        tmp_path / "real" / "mnt"
+    )
+
+
+def test_a_tier_larger_than_its_filesystem_is_refused(tmpfs):
+    with pytest.raises(ConfigError, match=r"^--ssd 5.0 MiB cannot fit: the filesystem of .* holds"):
+        check_tier_sizes([TierRequest("--ssd", f"{tmpfs}/ssd", 5 << 20, in_memory=False)])
+    check_tier_sizes([TierRequest("--ssd", f"{tmpfs}/ssd", 4 << 20, in_memory=False)])
+    assert os.listdir(tmpfs) == []  # checked, nothing created
+
+
+def test_the_memory_bounds_a_ram_tier_only_on_a_memory_filesystem(tmp_path):
+    memory = memory_limit()
+    disk = os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize
+    if filesystem_type(str(tmp_path)) in ("tmpfs", "ramfs") or disk <= memory:
+        pytest.skip("needs a disk-backed tmp_path larger than the memory")
+    between = (memory + disk) // 2
+    check_tier_sizes([TierRequest("--ram", str(tmp_path / "ram"), between, in_memory=True)])
+
+
+def test_a_tier_larger_than_the_room_free_now_is_only_warned_about(tmpfs, caplog):
+    with open(os.path.join(tmpfs, "other"), "wb") as f:
+        f.write(b"x" * (3 << 20))
+    tier = TierRequest("--ram", tmpfs, 2 << 20, in_memory=True)
+    check_tier_sizes([tier])  # fits the filesystem: not refused
+    with caplog.at_level(logging.WARNING, logger="cachefs.host"):
+        warn_if_short(tier, held=0)
+        assert "--ram 2.0 MiB is more than the" in caplog.text
+        caplog.clear()
+        warn_if_short(tier, held=3 << 20)  # the tier's own blocks are its room too
+        assert caplog.text == ""

@@ -1,0 +1,237 @@
+"""Starting `cachefs up` for real: two workers on one machine with default options, and every
+refused start (a port taken, a busy mountpoint, a bad state directory, tiers that cannot fit)
+is one line on stderr and exit status 1, prints no "serving" line, and leaves nothing behind:
+nothing mounted, no RAM-tier directory in /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cachefs.client import ControlClient
+from cachefs.host import mounts_at
+from cachefs.worker import default_ram_dir
+from tests.waiting import WAIT_S, wait_for
+from tests.worker_process import REPO_ROOT, force_unmount, log_tail
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEFS_")}
+    return {**env, "PYTHONPATH": REPO_ROOT, **extra}
+
+
+def _cachefs(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cachefs", *args]
+
+
+def _refused(*args: str, env: dict[str, str] | None = None) -> str:
+    """Run a start that must be refused; returns its one line."""
+    done = subprocess.run(
+        _cachefs(*args), env=env or _env(), capture_output=True, text=True, timeout=WAIT_S
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cachefs: error: "), done.stderr
+    assert done.stdout == ""
+    return lines[0]
+
+
+def _tcp_listeners(pid: int) -> list[str]:
+    """The TCP addresses a process listens on (from /proc/net/tcp*)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    found.append(fields[1])
+    return found
+
+
+def test_two_workers_with_default_options_share_a_machine(tmp_path):
+    """Only what must differ is given (state directory, mountpoint): no port, no RAM dir.
+    Both serve /metrics on their control socket and listen on no TCP port."""
+    started = []
+    try:
+        for name in ("a", "b"):
+            state, mount = str(tmp_path / name / "state"), str(tmp_path / name / "mnt")
+            log_path = tmp_path / f"{name}.log"
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    _cachefs("--state", state, "up", "--mount", mount),
+                    env=_env(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            started.append((proc, state, mount, str(log_path)))
+        for proc, state, mount, log_path in started:
+            with ControlClient(state, timeout=30) as client:
+
+                def serving(proc=proc, client=client, log_path=log_path) -> bool:
+                    assert proc.poll() is None, log_tail(log_path)
+                    return client.is_running()
+
+                wait_for(serving, f"the worker of {state}")
+                assert "cachefs_tier_capacity_bytes" in client.metrics()
+            assert len(mounts_at(mount)) == 1
+            assert _tcp_listeners(proc.pid) == []
+            assert "serving" in log_tail(log_path)
+    finally:
+        for proc, state, mount, _log in started:
+            proc.terminate()
+            proc.wait(timeout=WAIT_S)
+            force_unmount(mount)
+            shutil.rmtree(default_ram_dir(state), ignore_errors=True)
+
+
+@pytest.fixture
+def taken_port():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def _nothing_left(tmp_path, mount: str) -> None:
+    assert mounts_at(os.path.realpath(mount)) == []
+    assert not os.path.exists(default_ram_dir(str(tmp_path / "state")))
+
+
+def test_a_taken_metrics_port_is_one_line(tmp_path, taken_port):
+    mount = str(tmp_path / "mnt")
+    line = _refused(
+        "--state", str(tmp_path / "state"), "up", "--mount", mount,
+        "--metrics", f"127.0.0.1:{taken_port}",
+    )  # fmt: skip
+    assert line == (
+        f"cachefs: error: cannot listen on 127.0.0.1:{taken_port} (--metrics): "
+        "Address already in use"
+    )
+    _nothing_left(tmp_path, mount)
+
+
+def test_a_taken_peer_port_is_one_line(tmp_path, taken_port):
+    mount = str(tmp_path / "mnt")
+    line = _refused(
+        "--state", str(tmp_path / "state"), "--token-file", os.devnull, "worker",
+        "--coordinator", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{taken_port}",
+        "--mount", mount,
+    )  # fmt: skip
+    # /dev/null holds no token: that is refused first, before any port is tried.
+    assert "no API token" in line
+    line = _refused(
+        "--state", str(tmp_path / "state"), "worker", "--coordinator", "http://127.0.0.1:9",
+        "--listen", f"127.0.0.1:{taken_port}", "--mount", mount,
+        env=_env(CACHEFS_TOKEN="a-token"),
+    )  # fmt: skip
+    assert f"cannot listen on 127.0.0.1:{taken_port} (--listen)" in line
+    _nothing_left(tmp_path, mount)
+
+
+def test_a_busy_mountpoint_is_one_line_and_leaves_no_ram_dir(tmp_path):
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    (mount / "someone's file").write_text("x")
+    line = _refused("--state", str(tmp_path / "state"), "up", "--mount", str(mount))
+    assert line == f"cachefs: error: mountpoint {mount} is not empty: choose an empty directory"
+    _nothing_left(tmp_path, str(mount))
+    assert os.listdir(mount) == ["someone's file"]
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    line = _refused("--state", str(tmp_path / "state"), "up", "--mount", str(a_file))
+    assert f"cannot use mountpoint {a_file}" in line
+    _nothing_left(tmp_path, str(a_file))
+
+
+def test_a_mountpoint_on_another_kind_of_mount_is_refused(tmp_path):
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)], check=True)
+    try:
+        line = _refused("--state", str(tmp_path / "state"), "up", "--mount", str(mount))
+        assert "is already a mount point (tmpfs)" in line
+        assert not os.path.exists(default_ram_dir(str(tmp_path / "state")))
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_bad_state_directory_is_one_line(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    line = _refused("--state", str(not_a_dir / "state"), "up", "--mount", str(tmp_path / "m"))
+    assert line == f"cachefs: error: cannot use state directory {not_a_dir}/state: Not a directory"
+    deep = tmp_path / ("d" * 120)
+    line = _refused("--state", str(deep), "up", "--mount", str(tmp_path / "m"))
+    assert "too long a path for its control socket" in line
+
+
+def test_tiers_larger_than_the_machine_are_refused(tmp_path):
+    mount = str(tmp_path / "mnt")
+    line = _refused("--state", str(tmp_path / "state"), "up", "--mount", mount, "--ram", "4096TiB")
+    assert line.startswith("cachefs: error: --ram 4096.0 TiB cannot fit: the filesystem of ")
+    ssd = tmp_path / "ssd"
+    line = _refused(
+        "--state", str(tmp_path / "state"), "up", "--mount", mount, "--ssd", f"{ssd}:4096TiB"
+    )
+    assert f"--ssd 4096.0 TiB cannot fit: the filesystem of {ssd} holds" in line
+    assert not ssd.exists()
+    _nothing_left(tmp_path, mount)
+
+
+def test_a_ram_tier_larger_than_the_memory_is_refused_even_where_tmpfs_allows_it(tmp_path):
+    """A tmpfs may be given any size; its pages still need the machine's memory."""
+    big_tmpfs = tmp_path / "shm"
+    big_tmpfs.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2048T", "tmpfs", str(big_tmpfs)], check=True
+    )
+    try:
+        line = _refused(
+            "--state", str(tmp_path / "state"), "up", "--mount", str(tmp_path / "mnt"),
+            "--ram", "1024TiB", "--ram-dir", str(big_tmpfs / "ram"),
+        )  # fmt: skip
+        assert "--ram 1024.0 TiB cannot fit: this machine has" in line
+        assert os.listdir(big_tmpfs) == []
+    finally:
+        subprocess.run(["umount", str(big_tmpfs)], check=True)
+
+
+def test_the_serving_line_comes_only_once_the_mount_is_up(tmp_path):
+    mount = str(tmp_path / "mnt")
+    state = str(tmp_path / "state")
+    proc = subprocess.Popen(
+        _cachefs("--state", state, "up", "--mount", mount, "--ram", "64MiB"),
+        env=_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first_line = ""
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not first_line.startswith("cachefs: serving"):
+            first_line = proc.stderr.readline()
+            assert first_line, f"exited with {proc.poll()}"
+        assert first_line.startswith(f"cachefs: serving {mount}")
+        assert len(mounts_at(mount)) == 1  # already mounted when the line came
+        with ControlClient(state, timeout=30) as client:
+            assert client.status()["mounted"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=WAIT_S)
+        force_unmount(mount)
+        shutil.rmtree(default_ram_dir(state), ignore_errors=True)
