@@ -41,7 +41,13 @@ from cachefs.client import (
 )
 from cachefs.errors import CachefsError, ConfigError, EmptySource, StoreError
 from cachefs.pidlock import WORKER_LOCK_NAME, is_locked
-from cachefs.protocol import DEFAULT_BLOCK_SIZE, CleanupPolicy, DatasetSpec
+from cachefs.protocol import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_FIRST_BYTE_TIMEOUT_S,
+    DEFAULT_STORE_TIMEOUT_S,
+    CleanupPolicy,
+    DatasetSpec,
+)
 from cachefs.units import format_size, parse_duration, parse_size
 
 log = logging.getLogger(__name__)
@@ -301,6 +307,7 @@ def cmd_dataset_add(args) -> int:
         "credentials_file": args.credentials_file,
         "block_size": parse_size(args.block_size),
         "timeout_s": parse_duration(args.timeout),
+        "first_byte_timeout_s": parse_duration(args.first_byte_timeout),
         "refresh_interval_s": parse_duration(args.refresh_every) if args.refresh_every else None,
     }
     sharing = {
@@ -1002,7 +1009,18 @@ def _add_other_commands(sub) -> None:
     add.add_argument("--profile", help="AWS profile name (credentials stay in ~/.aws)")
     add.add_argument("--credentials-file", help="credentials ini file (read by the worker)")
     add.add_argument("--block-size", default=str(DEFAULT_BLOCK_SIZE))
-    add.add_argument("--timeout", default="30s", help="per store request")
+    add.add_argument(
+        "--timeout",
+        default=f"{DEFAULT_STORE_TIMEOUT_S:g}s",
+        help="give up on a store request after this long, all its tries included "
+        "(default %(default)s)",
+    )
+    add.add_argument(
+        "--first-byte-timeout",
+        default=f"{DEFAULT_FIRST_BYTE_TIMEOUT_S:g}s",
+        help="replace a store read silent (before its first byte, or mid-body) this long; "
+        "one silent for half of it gets a parallel twin (default %(default)s)",
+    )
     add.add_argument("--refresh-every", help="refresh the snapshot periodically, e.g. 1h")
     add.add_argument("--max-jobs-per-copy", type=int, help="running jobs sharing one copy")
     add.add_argument(

@@ -15,6 +15,11 @@ from cachefs.errors import ConfigError
 from cachefs.units import parse_duration
 
 DEFAULT_BLOCK_SIZE = 4 << 20
+#: The whole budget of one store request (every try, hedge and backoff included).
+DEFAULT_STORE_TIMEOUT_S = 60.0
+#: How long one try of a store read may wait for the store to start answering (connect and
+#: response headers), or for more of a body that stopped mid-way, before it is replaced.
+DEFAULT_FIRST_BYTE_TIMEOUT_S = 5.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -39,7 +44,8 @@ class DatasetSpec:
     profile: str | None = None
     credentials_file: str | None = None
     block_size: int = DEFAULT_BLOCK_SIZE
-    timeout_s: float = 30.0  # per store request (connect + read); retries fit in 2x this
+    timeout_s: float = DEFAULT_STORE_TIMEOUT_S  # one store request, all its tries included
+    first_byte_timeout_s: float = DEFAULT_FIRST_BYTE_TIMEOUT_S  # per try (at most timeout_s)
     refresh_interval_s: float | None = None  # periodic snapshot refresh; None = explicit only
     # Sharing and cleanup, enforced by the coordinator's CacheManager:
     max_jobs_per_copy: int | None = None  # running jobs per cached copy; None = no limit
@@ -66,8 +72,10 @@ class DatasetSpec:
         check_dataset_name(spec.name)
         if not isinstance(spec.block_size, int) or not (64 << 10) <= spec.block_size <= (64 << 20):
             raise ConfigError("block_size must be between 64 KiB and 64 MiB")
-        if not isinstance(spec.timeout_s, int | float) or not 0 < spec.timeout_s <= 600:
-            raise ConfigError("timeout_s must be in (0, 600] seconds")
+        for name in ("timeout_s", "first_byte_timeout_s"):
+            value = getattr(spec, name)
+            if not isinstance(value, int | float) or not 0 < value <= 600:
+                raise ConfigError(f"{name} must be in (0, 600] seconds")
         limit = spec.max_jobs_per_copy
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ConfigError(f"max_jobs_per_copy must be a positive integer, got {limit!r}")

@@ -512,9 +512,9 @@ class Worker(WorkerAPI):
             path_style=spec.path_style,
             profile=spec.profile,
             credentials_file=spec.credentials_file,
-            connect_timeout_s=min(5.0, spec.timeout_s),
-            read_timeout_s=spec.timeout_s,
-            retry=RetryPolicy(deadline_s=2 * spec.timeout_s),
+            retry=RetryPolicy(
+                deadline_s=spec.timeout_s, first_byte_timeout_s=spec.first_byte_timeout_s
+            ),
             dataset=spec.name,
         )
 
@@ -761,6 +761,8 @@ class Worker(WorkerAPI):
             "uri": spec.uri,
             "endpoint": spec.endpoint,
             "block_size": spec.block_size,
+            "timeout_s": spec.timeout_s,
+            "first_byte_timeout_s": spec.first_byte_timeout_s,
             "generation": spec.generation,
             "state": "ready" if dataset is not None else "error",
             "error": self._errors.get(spec.name),

@@ -24,7 +24,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound
-from cachefs.protocol import DEFAULT_BLOCK_SIZE, DatasetSpec
+from cachefs.protocol import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_FIRST_BYTE_TIMEOUT_S,
+    DEFAULT_STORE_TIMEOUT_S,
+    DatasetSpec,
+)
 
 from .cluster import Cluster, NodeNotFound, PreloadNotFound
 from .extender import extender_router
@@ -60,7 +65,12 @@ class DatasetIn(_Strict):
     profile: str | None = Field(None, max_length=256)
     credentials_file: str | None = Field(None, max_length=4096)
     block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=64 << 10, le=64 << 20)
-    timeout_s: float = Field(30.0, gt=0, le=600)
+    timeout_s: float = Field(
+        DEFAULT_STORE_TIMEOUT_S, gt=0, le=600, description="one store request, all tries"
+    )
+    first_byte_timeout_s: float = Field(
+        DEFAULT_FIRST_BYTE_TIMEOUT_S, gt=0, le=600, description="one try of a store read"
+    )
     refresh_interval_s: float | None = Field(None, gt=0, le=365 * 86400)
     max_jobs_per_copy: int | None = Field(
         None, ge=1, le=1 << 20, description="running jobs per cached copy (no limit if absent)"

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from cachefs.protocol import DEFAULT_FIRST_BYTE_TIMEOUT_S, DEFAULT_STORE_TIMEOUT_S
+
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
@@ -25,12 +27,47 @@ class ObjectInfo:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Jittered exponential backoff for transient failures (5xx, SlowDown, resets, timeouts)."""
+    """How long one store request may take, and how its tries are spread.
 
-    attempts: int = 5  # total tries, including the first
-    base_delay_s: float = 0.1  # first backoff; doubles each try, full jitter
+    A request (a GET of a range, a HEAD, a LIST page) gets ``deadline_s`` in all. Within it,
+    transient failures (5xx, SlowDown, resets, timeouts) are retried with jittered exponential
+    backoff, and reads are *hedged* (:class:`cachefs.store.retry.HedgedReads`): a try that has
+    not started answering after :attr:`hedge_after_s` gets a twin, and one still silent after
+    :attr:`attempt_timeout_s` is abandoned and replaced — so a stalled store costs a reader
+    seconds, not the whole budget.
+    """
+
+    attempts: int = 10  # tries in all, hedges and replacements included
+    base_delay_s: float = 0.1  # first backoff after a failure; doubles each time, full jitter
     max_delay_s: float = 5.0
-    deadline_s: float = 60.0  # give up once this much time has passed since the first try
+    deadline_s: float = DEFAULT_STORE_TIMEOUT_S  # the whole budget, from the first try
+    # One try's connect, wait for the response headers, and longest pause mid-body:
+    first_byte_timeout_s: float = DEFAULT_FIRST_BYTE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be at least 1, not {self.attempts}")
+        for name in ("deadline_s", "first_byte_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
+
+    @property
+    def attempt_timeout_s(self) -> float:
+        """A try's first-byte (and mid-body stall) timeout: never longer than the budget."""
+        return min(self.first_byte_timeout_s, self.deadline_s)
+
+    @property
+    def hedge_after_s(self) -> float:
+        """A read silent this long gets a second try in parallel (the first keeps its chance
+        until :attr:`attempt_timeout_s`). Half the timeout: late enough that a healthy store
+        (first bytes in milliseconds) is never asked twice, early enough to halve a stall."""
+        return self.attempt_timeout_s / 2
+
+    @property
+    def listing_timeout_s(self) -> float:
+        """A LIST page's read timeout. Listings are not hedged, and a store may legitimately
+        think for seconds over a page of a huge bucket: half the budget, so two tries fit."""
+        return max(self.attempt_timeout_s, self.deadline_s / 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +81,7 @@ class StoreConfig:
     profile: str | None = None  # AWS shared-config profile name
     credentials_file: str | None = None  # S3: AWS credentials ini; OSS: ini with access_key_id/
     # access_key_secret (section [default])
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # timeouts, retries and hedging
     dataset: str = ""  # for error messages only
 
 
@@ -67,7 +102,8 @@ class ObjectStore(Protocol):
     def get_range(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
         """Exactly ``length`` bytes starting at ``offset`` (the caller never asks past the end).
         If ``etag`` is given and the object's etag differs, raise ObjectChanged (S3/OSS send
-        If-Match). A short body is retried, then raised as StoreIOError — never returned."""
+        If-Match on every try, hedges included: bytes of two versions are never mixed). A short
+        body is retried, then raised as StoreIOError — never returned."""
         ...
 
     def close(self) -> None: ...

@@ -1,12 +1,15 @@
 """Alibaba Cloud OSS object store, on oss2 (an optional dependency: ``pip install cachefs[oss]``).
 
-Like the S3 store: our retry loop is the only one (oss2's iterators, which retry on their own,
-are not used — pages are fetched with ``list_objects_v2`` directly), and every SDK exception is
-translated by exactly one function, :func:`_map_error`.
+Like the S3 store: our retry loops are the only ones (oss2's iterators, which retry on their
+own, are not used — pages are fetched with ``list_objects_v2`` directly), reads are hedged and
+replaced when they stall (:class:`cachefs.store.retry.HedgedReads`; requests enforces the
+policy's per-try ``attempt_timeout_s`` as its connect and read timeouts), and every SDK
+exception is translated by exactly one function, :func:`_map_error`.
 
 Thread safety: oss2 sends requests through a ``requests.Session``, which is not documented as
-safe to share between threads, so each thread gets its own ``oss2.Bucket`` and session
-(``threading.local``); they die with their thread, and ``close()`` closes those still alive.
+safe to share between threads, so each thread gets its own session (``threading.local``), with
+two ``oss2.Bucket`` on it that differ only in their timeouts: one for reads, one for listings;
+they die with their thread, and ``close()`` closes the sessions still alive.
 
 Credentials: the ini file ``credentials_file`` (section ``[default]``, or ``[<profile>]``, with
 ``access_key_id`` and ``access_key_secret``) when configured, else the environment variables
@@ -41,8 +44,9 @@ from cachefs.errors import (
 )
 from cachefs.store.base import ObjectInfo, StoreConfig
 from cachefs.store.retry import (
+    Attempt,
+    HedgedReads,
     ShortBody,
-    call_ranged_read_with_retries,
     call_with_retries,
     check_body_length,
     network_failure_reason,
@@ -55,6 +59,8 @@ T = TypeVar("T")
 MAX_PAGE_SIZE = 1000
 #: Connections per thread's session (each thread runs one request at a time).
 _CONNECTIONS_PER_THREAD = 2
+#: A read's body is taken in chunks this big; a try that lost stops at the next one.
+BODY_CHUNK = 1 << 20
 
 _TRANSIENT_CODES = frozenset({"InternalError", "ServiceUnavailable", "RequestTimeout"})
 _AUTH_CODES = frozenset(
@@ -86,7 +92,11 @@ class OSSStore:
         self._dataset = config.dataset
         self._retry = config.retry
         self._page_size = page_size
-        self._timeouts = (config.connect_timeout_s, config.read_timeout_s)
+        policy = config.retry
+        # (connect, read) for requests; the read timeout bounds every wait on the socket, for
+        # the response headers and for each piece of a body.
+        self._read_timeouts = (policy.attempt_timeout_s, policy.attempt_timeout_s)
+        self._list_timeouts = (policy.attempt_timeout_s, policy.listing_timeout_s)
         self._path_style = bool(config.path_style)
         self._auth = oss2.Auth(*self._credentials(config))
         self._per_thread = threading.local()
@@ -94,6 +104,7 @@ class OSSStore:
         # closes whichever are still alive.
         self._sessions: weakref.WeakSet[oss2.Session] = weakref.WeakSet()
         self._sessions_lock = threading.Lock()
+        self._reads = HedgedReads(self._retry, name="cachefs-oss-read")
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         full_prefix = self._prefix + prefix
@@ -152,22 +163,27 @@ class OSSStore:
             headers["If-Match"] = f'"{etag}"'
         byte_range = (offset, offset + length - 1)
 
-        def get_once() -> bytes:
-            returned_etag, body = self._attempt(
-                key, lambda: self._get_whole_body(key, byte_range, headers)
+        def get_once(attempt: Attempt) -> bytes:
+            body = self._attempt(
+                key, lambda: self._get_body(key, byte_range, headers, etag, length, attempt)
             )
-            # A store that ignores If-Match must still not hand us another version's bytes.
-            if etag is not None and returned_etag is not None and returned_etag != etag:
-                raise self._error(ObjectChanged, _CHANGED, key)
             return check_body_length(
                 body, length, key=key, store=self.description, dataset=self._dataset
             )
 
-        return call_ranged_read_with_retries(
-            get_once, self._retry, what=f"GET {key!r} bytes {offset}+{length}"
+        return self._reads.call(
+            get_once,
+            what=f"GET {key!r} bytes {offset}+{length}",
+            stalled=lambda cause: self._error(StoreUnavailable, cause, key),
         )
 
+    @property
+    def tries_in_flight(self) -> int:
+        """Tries of reads not ended yet, abandoned ones included (they end by their timeouts)."""
+        return self._reads.in_flight
+
     def close(self) -> None:
+        self._reads.close()
         with self._sessions_lock:
             sessions = list(self._sessions)
         for session in sessions:
@@ -175,42 +191,67 @@ class OSSStore:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _bucket(self) -> oss2.Bucket:
-        """This thread's oss2.Bucket (created on first use)."""
-        bucket = getattr(self._per_thread, "bucket", None)
-        if bucket is None:
+    def _bucket(self, *, listing: bool = False) -> oss2.Bucket:
+        """This thread's oss2.Bucket for reads, or for listings (created on first use)."""
+        buckets = getattr(self._per_thread, "buckets", None)
+        if buckets is None:
             session = oss2.Session(pool_size=_CONNECTIONS_PER_THREAD)
-            bucket = oss2.Bucket(
-                self._auth,
-                self._endpoint,
-                self._bucket_name,
-                session=session,
-                connect_timeout=self._timeouts,  # oss2 passes this to requests as (connect, read)
-                enable_crc=False,  # ranged reads carry no whole-object CRC to check against
-                is_path_style=self._path_style,
-                is_verify_object_strict=False,  # keys starting with "?" are valid objects
-            )
+            buckets = {
+                purpose: oss2.Bucket(
+                    self._auth,
+                    self._endpoint,
+                    self._bucket_name,
+                    session=session,
+                    connect_timeout=timeouts,  # oss2 hands this to requests as (connect, read)
+                    enable_crc=False,  # ranged reads carry no whole-object CRC to check against
+                    is_path_style=self._path_style,
+                    is_verify_object_strict=False,  # keys starting with "?" are valid objects
+                )
+                for purpose, timeouts in (
+                    ("read", self._read_timeouts),
+                    ("list", self._list_timeouts),
+                )
+            }
             with self._sessions_lock:
                 self._sessions.add(session)
-            self._per_thread.bucket = bucket
-        return bucket
+            self._per_thread.buckets = buckets
+        return buckets["list" if listing else "read"]
 
-    def _get_whole_body(
-        self, key: str, byte_range: tuple[int, int], headers: dict[str, str]
-    ) -> tuple[str | None, bytes]:
+    def _get_body(
+        self,
+        key: str,
+        byte_range: tuple[int, int],
+        headers: dict[str, str],
+        etag: str | None,
+        length: int,
+        attempt: Attempt,
+    ) -> bytes:
+        """One try of a ranged GET: the body, read in chunks (at most one more than asked for,
+        so that a store ignoring the Range header cannot make us swallow a whole object)."""
         result = self._bucket().get_object(
             self._prefix + key, byte_range=byte_range, headers=headers
         )
+        attempt.first_byte()
         try:
-            return result.etag, result.read()
+            # A store that ignores If-Match must still not hand us another version's bytes.
+            if etag is not None and result.etag is not None and result.etag != etag:
+                raise self._error(ObjectChanged, _CHANGED, key)
+            chunks, received = [], 0
+            while received <= length and (chunk := result.read(BODY_CHUNK)):
+                attempt.check_abandoned()  # a try that lost stops here; close() drops it
+                chunks.append(chunk)
+                received += len(chunk)
+            return b"".join(chunks)
         except requests.exceptions.ChunkedEncodingError as exc:
             # requests' name for any body that ended early (chunked or not): retry it, and
             # never hand out the partial bytes.
             cause = f"the body was cut short ({type(exc).__name__})"
             raise self._error(ShortBody, cause, key) from exc
+        finally:
+            result.close()  # after a whole body: back to the pool; otherwise: dropped
 
     def _list_page(self, full_prefix: str, token: str) -> oss2.models.ListObjectsV2Result:
-        return self._bucket().list_objects_v2(
+        return self._bucket(listing=True).list_objects_v2(
             prefix=full_prefix, continuation_token=token, max_keys=self._page_size
         )
 

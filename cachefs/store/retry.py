@@ -1,9 +1,15 @@
-"""The one retry loop of the object-store layer, and the checks that decide what it retries.
+"""The retry loops of the object-store layer, and the checks that decide what they retry.
 
 SDK-level retries are switched off (boto3) or bypassed (oss2's iterators) so that every store
-call is retried exactly here, with one policy (:class:`~cachefs.store.base.RetryPolicy`) and one
-place that decides what "transient" means: a :class:`~cachefs.errors.StoreError` whose
-``transient`` attribute is true (in practice :class:`~cachefs.errors.StoreUnavailable`).
+call is retried here, with one policy (:class:`~cachefs.store.base.RetryPolicy`) and one place
+that decides what "transient" means: a :class:`~cachefs.errors.StoreError` whose ``transient``
+attribute is true (in practice :class:`~cachefs.errors.StoreUnavailable`). Two loops share that
+policy and its backoff:
+
+- :func:`call_with_retries` runs a call in the calling thread and retries it after failures:
+  for HEAD and LIST pages, whose tries the SDK's socket timeouts bound.
+- :class:`HedgedReads` runs each try of a *read* on a thread of its own pool, so that a try
+  that stalls can be raced (hedged) and abandoned instead of eating the whole budget.
 
 Everything here is blocking; it runs in worker threads, never on the trio loop.
 """
@@ -11,10 +17,14 @@ Everything here is blocking; it runs in worker threads, never on the trio loop.
 from __future__ import annotations
 
 import logging
+import queue
 import random
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from cachefs.errors import StoreError, StoreIOError, StoreUnavailable
 from cachefs.store.base import RetryPolicy
@@ -23,12 +33,18 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: Threads per store for the tries of hedged reads. Enough for the worker's store threads
+#: (``ReadLimits.store_threads``, 32) with a hedge each, plus abandoned tries winding down;
+#: a try that finds them all busy waits in the pool, and its first-byte clock starts only
+#: when it runs.
+ATTEMPT_THREADS = 96
+
 
 class ShortBody(StoreUnavailable):
     """A response body ended before the promised length (connection cut mid-body).
 
     Transient, so the retry loop tries again; if every try is short,
-    :func:`call_ranged_read_with_retries` turns it into a :class:`StoreIOError`.
+    :meth:`HedgedReads.call` turns it into a :class:`StoreIOError`.
     """
 
 
@@ -62,8 +78,7 @@ def call_with_retries(
             if not err.transient:
                 raise
             elapsed = clock() - started
-            backoff = min(policy.max_delay_s, policy.base_delay_s * 2 ** (tries - 1))
-            delay = jitter() * backoff
+            delay = backoff_s(policy, tries, jitter)
             if tries >= policy.attempts or elapsed + delay > policy.deadline_s:
                 raise _gave_up(err, what=what, tries=tries, elapsed=elapsed) from err
             log.info(
@@ -77,15 +92,282 @@ def call_with_retries(
             sleep(delay)
 
 
-def call_ranged_read_with_retries(
-    fn: Callable[[], bytes], policy: RetryPolicy, *, what: str
-) -> bytes:
-    """:func:`call_with_retries` for a ranged read: a body that stays short after every try is
-    a :class:`StoreIOError` (the store is answering, but not with the bytes it promised)."""
-    try:
-        return call_with_retries(fn, policy, what=what)
-    except ShortBody as err:
-        raise StoreIOError(err.cause, dataset=err.dataset, key=err.key, store=err.store) from err
+def backoff_s(policy: RetryPolicy, failures: int, jitter: Callable[[], float]) -> float:
+    """The pause after the ``failures``-th failure: "full jitter" exponential backoff."""
+    return jitter() * min(policy.max_delay_s, policy.base_delay_s * 2 ** (failures - 1))
+
+
+class AttemptAbandoned(Exception):
+    """Raised inside a try that lost (another try answered, or the budget ran out) to stop it
+    between chunks of its body; :class:`HedgedReads` swallows it."""
+
+
+class Attempt:
+    """One try of a hedged read, as the function doing it sees it.
+
+    The function calls :meth:`first_byte` once the store has started answering (response
+    headers in), and :meth:`check_abandoned` between chunks of the body.
+    """
+
+    def __init__(self, number: int, events: queue.SimpleQueue):
+        self.number = number  # 1 for the first try of a read
+        self._events = events
+        self._abandoned = threading.Event()
+
+    def first_byte(self) -> None:
+        self._events.put(_Event("first_byte", self))
+
+    def check_abandoned(self) -> None:
+        if self._abandoned.is_set():
+            raise AttemptAbandoned(f"try {self.number} lost")
+
+    def abandon(self) -> None:
+        self._abandoned.set()
+
+
+@dataclass
+class _Event:
+    kind: str  # "began" (a pool thread runs it), "first_byte", "done" or "failed"
+    attempt: Attempt
+    outcome: Any = None  # the result ("done") or the exception ("failed")
+
+
+@dataclass
+class _Live:
+    """The caller's view of a try it has not given up on."""
+
+    attempt: Attempt
+    began_at: float | None = None  # None while it waits for a pool thread
+    answered: bool = False  # its first byte came
+
+
+class HedgedReads:
+    """Runs reads as hedged tries on a thread pool it owns (one per store).
+
+    For each read, under ``policy`` (all numbers from :class:`~cachefs.store.base.RetryPolicy`):
+
+    - a try that has not started answering after ``hedge_after_s`` gets a twin, run in
+      parallel: whichever completes first wins, the other is abandoned (never more than two
+      tries run at once for one read);
+    - a try still silent after ``attempt_timeout_s`` is abandoned and replaced at once;
+    - a try that fails transiently (5xx, reset, a body cut short or stalled mid-way: the SDK's
+      read timeout is the same ``attempt_timeout_s``) is replaced after a jittered backoff;
+    - a permanent failure (ObjectChanged, ObjectNotFound, ...) ends the read at once;
+    - after ``attempts`` tries, or at ``deadline_s``, the read gives up with one line naming
+      the last failure, the number of tries and the time spent.
+
+    Every try of a read sends the same request (the etag precondition included), so a hedge
+    can never mix bytes of two object versions.
+
+    How an abandoned try ends: it is a blocking SDK call on a pool thread and cannot be
+    interrupted, so its own timeouts end it — the connect and read timeouts the store gives
+    its SDK client (``attempt_timeout_s``) end a silent or stalled one, and a body that still
+    flows stops at its next chunk (:meth:`Attempt.check_abandoned`). Its outcome is dropped.
+    :meth:`close` lets the pool's threads go once their tries have ended; :attr:`in_flight`
+    counts tries not ended yet, abandoned ones included.
+    """
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        *,
+        name: str,
+        threads: int = ATTEMPT_THREADS,
+        jitter: Callable[[], float] = random.random,
+    ):
+        self.policy = policy
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._jitter = jitter  # for tests
+        self._lock = threading.Lock()
+        self._in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def close(self) -> None:
+        """No new reads; queued tries are dropped, running ones end by their own timeouts."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def call(
+        self,
+        read: Callable[[Attempt], T],
+        *,
+        what: str,
+        stalled: Callable[[str], StoreError],
+    ) -> T:
+        """Run ``read(attempt)`` as hedged tries until one returns; see the class docstring.
+
+        ``what`` names the read in messages (``"GET 'a.jpg' bytes 0+100"``); ``stalled(cause)``
+        makes the error for a try that timed out here (the store's dataset, key and location).
+        """
+        return _OneRead(self, read, what=what, stalled=stalled).run()
+
+    def _launch(
+        self, read: Callable[[Attempt], T], attempt: Attempt, events: queue.SimpleQueue[_Event]
+    ) -> None:
+        with self._lock:
+            self._in_flight += 1
+        try:
+            self._pool.submit(self._run, read, attempt, events)
+        except RuntimeError:  # the pool is shut down: the store was closed
+            with self._lock:
+                self._in_flight -= 1
+            raise
+
+    def _run(
+        self, read: Callable[[Attempt], T], attempt: Attempt, events: queue.SimpleQueue[_Event]
+    ) -> None:
+        """One try, on a pool thread: everything it has to say goes through ``events``."""
+        try:
+            events.put(_Event("began", attempt))
+            try:
+                result = read(attempt)
+            except AttemptAbandoned:
+                return
+            except BaseException as exc:  # handed to the caller, which decides
+                events.put(_Event("failed", attempt, exc))
+            else:
+                events.put(_Event("done", attempt, result))
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+
+class _OneRead:
+    """The state of one :meth:`HedgedReads.call`: its tries, timers and last failure. Only
+    the calling thread touches it; the tries report through ``events``."""
+
+    def __init__(
+        self,
+        reads: HedgedReads,
+        read: Callable[[Attempt], Any],
+        *,
+        what: str,
+        stalled: Callable[[str], StoreError],
+    ):
+        self.reads, self.policy = reads, reads.policy
+        self.read, self.what, self.stalled = read, what, stalled
+        self.events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
+        self.started = time.monotonic()
+        self.deadline = self.started + self.policy.deadline_s
+        self.live: list[_Live] = []  # tries not ended and not abandoned, oldest first
+        self.tries = 0
+        self.failures = 0  # transient failures so far: the backoff's exponent
+        self.last_error: StoreError | None = None
+        self.launch_at: float | None = self.started  # when the next try is due; None: no plan
+
+    def run(self) -> Any:
+        try:
+            while True:
+                now = time.monotonic()
+                self._launch_if_due(now)
+                self._abandon_stalled(now)
+                self._hedge_if_slow(now)
+                if now >= self.deadline or (not self.live and not self._launch_in_budget()):
+                    raise self._gave_up(now)
+                event = self._next_event(now)
+                if event is None:
+                    continue  # a timer is due
+                try_ = next((t for t in self.live if t.attempt is event.attempt), None)
+                if try_ is None:
+                    continue  # news from a try already abandoned: dropped
+                if event.kind == "done":
+                    return event.outcome
+                self._note(try_, event)
+        finally:
+            for try_ in self.live:
+                try_.attempt.abandon()
+
+    def _launch_if_due(self, now: float) -> None:
+        if self.launch_at is not None and now >= self.launch_at:
+            self.launch_at = None
+            self.tries += 1
+            attempt = Attempt(self.tries, self.events)
+            self.reads._launch(self.read, attempt, self.events)
+            self.live.append(_Live(attempt))
+
+    def _abandon_stalled(self, now: float) -> None:
+        timeout_s = self.policy.attempt_timeout_s
+        for try_ in [t for t in self.live if _silent_for(t, now) >= timeout_s]:
+            try_.attempt.abandon()
+            self.live.remove(try_)
+            self.last_error = self.stalled(f"the store did not answer within {timeout_s:g} s")
+            log.info("%s: try %d got no answer in %g s", self.what, try_.attempt.number, timeout_s)
+            if not self.live and self.tries < self.policy.attempts:
+                self.launch_at = now  # a stall is not overload: replace it at once
+
+    def _may_hedge(self) -> bool:
+        return self.launch_at is None and self.tries < self.policy.attempts and len(self.live) == 1
+
+    def _hedge_if_slow(self, now: float) -> None:
+        if self._may_hedge() and _silent_for(self.live[0], now) >= self.policy.hedge_after_s:
+            log.debug("%s: try %d is slow, hedging", self.what, self.live[0].attempt.number)
+            self.launch_at = now
+
+    def _launch_in_budget(self) -> bool:
+        return self.launch_at is not None and self.launch_at <= self.deadline
+
+    def _next_event(self, now: float) -> _Event | None:
+        """The next event from the tries, or None once the earliest timer is due: the deadline,
+        a planned try, a hedge or a first-byte timeout."""
+        wake_at = self.deadline if self.launch_at is None else min(self.deadline, self.launch_at)
+        may_hedge = self._may_hedge()
+        for try_ in self.live:
+            if try_.began_at is None or try_.answered:
+                continue  # no clock runs for it
+            wake_at = min(wake_at, try_.began_at + self.policy.attempt_timeout_s)
+            if may_hedge:
+                wake_at = min(wake_at, try_.began_at + self.policy.hedge_after_s)
+        try:
+            return self.events.get(timeout=max(0.0, wake_at - now))
+        except queue.Empty:
+            return None
+
+    def _note(self, try_: _Live, event: _Event) -> None:
+        """A live try began, answered or failed."""
+        if event.kind == "began":
+            try_.began_at = time.monotonic()
+        elif event.kind == "first_byte":
+            try_.answered = True
+        else:  # "failed"
+            self.live.remove(try_)
+            error = event.outcome
+            if not (isinstance(error, StoreError) and error.transient):
+                raise error
+            self.last_error, self.failures = error, self.failures + 1
+            if not self.live and self.tries < self.policy.attempts:
+                delay = backoff_s(self.policy, self.failures, self.reads._jitter)
+                log.info(
+                    "%s failed (try %d of %d), retrying in %.2f s: %s",
+                    self.what,
+                    try_.attempt.number,
+                    self.policy.attempts,
+                    delay,
+                    error,
+                )
+                self.launch_at = time.monotonic() + delay
+
+    def _gave_up(self, now: float) -> StoreError:
+        last_error = self.last_error
+        if last_error is None:  # tries still running (slowly) when the budget ran out
+            last_error = self.stalled(f"no complete answer within {self.policy.deadline_s:g} s")
+        error = _gave_up(last_error, what=self.what, tries=self.tries, elapsed=now - self.started)
+        if isinstance(last_error, ShortBody):
+            # The store answers, but never with all the bytes it promised.
+            error = StoreIOError(
+                error.cause, dataset=error.dataset, key=error.key, store=error.store
+            )
+        error.__cause__ = last_error
+        return error
+
+
+def _silent_for(try_: _Live, now: float) -> float:
+    """How long a try has waited for its first byte (0 if it answered or has not begun)."""
+    if try_.answered or try_.began_at is None:
+        return 0.0
+    return now - try_.began_at
 
 
 def check_body_length(body: bytes, expected: int, *, key: str, store: str, dataset: str) -> bytes:

@@ -1,9 +1,13 @@
 """S3 (and S3-compatible) object store, on botocore — the engine under boto3.
 
-One botocore client per store, shared by all threads (botocore clients are thread-safe), with a
-connection pool of :data:`POOL_CONNECTIONS`. botocore's own retries are off: every call goes
-through :func:`cachefs.store.retry.call_with_retries`, and every SDK exception is translated
-into our error vocabulary by exactly one function, :func:`_map_error`.
+Two botocore clients per store, shared by all threads (botocore clients are thread-safe): one
+for reads (GET, HEAD), whose connect and read timeouts are the policy's short per-try
+``attempt_timeout_s`` — so a try that stalls before its first byte or mid-body ends by itself —
+and one for LIST pages, which a big bucket may legitimately take seconds to produce
+(``listing_timeout_s``). botocore's own retries are off: reads go through
+:class:`cachefs.store.retry.HedgedReads` (hedged, replaced when they stall), HEAD and LIST
+through :func:`cachefs.store.retry.call_with_retries`; every SDK exception is translated into
+our error vocabulary by exactly one function, :func:`_map_error`.
 
 Credentials are looked up by botocore, never by us, and never appear in messages or logs:
 with ``credentials_file`` and/or ``profile`` set, only that profile of that file is used (an
@@ -36,8 +40,10 @@ from cachefs.errors import (
 )
 from cachefs.store.base import ObjectInfo, StoreConfig
 from cachefs.store.retry import (
+    ATTEMPT_THREADS,
+    Attempt,
+    HedgedReads,
     ShortBody,
-    call_ranged_read_with_retries,
     call_with_retries,
     check_body_length,
     network_failure_reason,
@@ -46,8 +52,12 @@ from cachefs.store.uri import check_endpoint, parse_uri
 
 T = TypeVar("T")
 
-#: HTTP connections kept per store: enough for the fetch thread pools above us.
-POOL_CONNECTIONS = 32
+#: HTTP connections kept for reads: one per thread that may run a try.
+POOL_CONNECTIONS = ATTEMPT_THREADS
+#: HTTP connections kept for listings (one listing runs at a time per dataset).
+LIST_POOL_CONNECTIONS = 2
+#: A read's body is taken in chunks this big; a try that lost stops at the next one.
+BODY_CHUNK = 1 << 20
 #: S3's own maximum page size for ListObjectsV2.
 MAX_PAGE_SIZE = 1000
 
@@ -103,6 +113,10 @@ class S3Store:
         self._retry = config.retry
         self._page_size = page_size
         self._client = self._call("connect", "", lambda: _make_client(config, endpoint))
+        self._list_client = self._call(
+            "connect", "", lambda: _make_client(config, endpoint, listing=True)
+        )
+        self._reads = HedgedReads(self._retry, name="cachefs-s3-read")
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         request: dict[str, Any] = {
@@ -115,7 +129,7 @@ class S3Store:
             page = self._call(
                 f"LIST {request['Prefix']!r}",
                 "",
-                lambda: self._client.list_objects_v2(**request),
+                lambda: self._list_client.list_objects_v2(**request),
             )
             for entry in page.get("Contents", ()):
                 key = entry["Key"][len(self._prefix) :]
@@ -159,30 +173,49 @@ class S3Store:
         if etag is not None:
             request["IfMatch"] = f'"{etag}"'
 
-        def get_once() -> bytes:
-            response, body = self._attempt(key, lambda: self._get_whole_body(key, request))
-            # A store that ignores If-Match must still not hand us another version's bytes.
-            returned_etag = response.get("ETag")
-            if etag is not None and returned_etag is not None and returned_etag.strip('"') != etag:
-                raise self._error(ObjectChanged, _CHANGED, key)
+        def get_once(attempt: Attempt) -> bytes:
+            body = self._attempt(key, lambda: self._get_body(key, request, etag, length, attempt))
             return check_body_length(
                 body, length, key=key, store=self.description, dataset=self._dataset
             )
 
-        return call_ranged_read_with_retries(
-            get_once, self._retry, what=f"GET {key!r} bytes {offset}+{length}"
+        return self._reads.call(
+            get_once,
+            what=f"GET {key!r} bytes {offset}+{length}",
+            stalled=lambda cause: self._error(StoreUnavailable, cause, key),
         )
 
+    @property
+    def tries_in_flight(self) -> int:
+        """Tries of reads not ended yet, abandoned ones included (they end by their timeouts)."""
+        return self._reads.in_flight
+
     def close(self) -> None:
+        self._reads.close()
         self._client.close()
+        self._list_client.close()
 
     # --- internals --------------------------------------------------------------------------
 
-    def _get_whole_body(self, key: str, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    def _get_body(
+        self, key: str, request: dict[str, Any], etag: str | None, length: int, attempt: Attempt
+    ) -> bytes:
+        """One try of a ranged GET: the body, read in chunks (at most one more than asked for,
+        so that a store ignoring the Range header cannot make us swallow a whole object)."""
         response = self._client.get_object(**request)
+        attempt.first_byte()
         body = response["Body"]  # not "with": StreamingBody.__enter__ returns the raw stream
         try:
-            return response, body.read()
+            # A store that ignores If-Match must still not hand us another version's bytes.
+            returned_etag = response.get("ETag")
+            if etag is not None and returned_etag is not None and returned_etag.strip('"') != etag:
+                raise self._error(ObjectChanged, _CHANGED, key)
+            chunks, received = [], 0
+            while received <= length and (chunk := body.read(BODY_CHUNK)):
+                attempt.check_abandoned()  # a try that lost stops here; close() drops it
+                chunks.append(chunk)
+                received += len(chunk)
+            return b"".join(chunks)
         except (
             botocore.exceptions.IncompleteReadError,
             botocore.exceptions.ResponseStreamingError,
@@ -267,7 +300,8 @@ def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreEr
     return error(StoreIOError, f"unexpected failure talking to the store: {type(exc).__name__}")
 
 
-def _make_client(config: StoreConfig, endpoint: str | None) -> Any:
+def _make_client(config: StoreConfig, endpoint: str | None, *, listing: bool = False) -> Any:
+    """A botocore S3 client: for reads (``listing=False``) or for LIST pages."""
     profile = config.profile
     if config.credentials_file is not None:
         if not os.access(config.credentials_file, os.R_OK):
@@ -280,11 +314,14 @@ def _make_client(config: StoreConfig, endpoint: str | None) -> Any:
     if config.credentials_file is not None:
         session.set_config_variable("credentials_file", config.credentials_file)
     path_style = config.path_style if config.path_style is not None else endpoint is not None
+    policy = config.retry
     client_config = botocore.config.Config(
-        connect_timeout=config.connect_timeout_s,
-        read_timeout=config.read_timeout_s,
+        # The read timeout bounds every wait on the socket: for the response headers, and for
+        # each piece of a body (a body that stalls mid-way ends its try).
+        connect_timeout=policy.attempt_timeout_s,
+        read_timeout=policy.listing_timeout_s if listing else policy.attempt_timeout_s,
         retries={"total_max_attempts": 1},  # ours is the only retry loop
-        max_pool_connections=POOL_CONNECTIONS,
+        max_pool_connections=LIST_POOL_CONNECTIONS if listing else POOL_CONNECTIONS,
         s3={"addressing_style": "path" if path_style else "virtual"},
         # Ranged reads carry no whole-object checksum, and many S3-compatible stores reject
         # the newer checksum headers: only send/check checksums where the API demands them.

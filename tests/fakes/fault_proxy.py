@@ -7,9 +7,12 @@ Put it between the code under test and a real upstream (moto, the fake OSS serve
   query string: a ListObjects call counts as ``GET /bucket``);
 - **inject faults** by rule, each for the next ``n`` matching requests or until cleared:
   an HTTP error with an S3/OSS-style XML body (``fail_next``, ``fail_matching``), a TCP reset
-  (``reset_next``), a delay (``delay_next``), a body cut short (``truncate_next``), or no
-  answer at all (``blackhole``); a request takes the first matching rule, in the order the
-  rules were added;
+  (``reset_next``), a delay (``delay_next``), a body cut short (``truncate_next``), no
+  answer at all (``blackhole``), or a *stall* — a pause before the response or in the middle of
+  its body, after which the answer goes on byte-exactly — for the next ``n`` requests
+  (``stall_next``) or for a random fraction of them (``stall_fraction``; :attr:`stalled`
+  counts the stalls); a request takes the first matching rule, in the order the rules were
+  added (a fractional rule a request does not draw passes it on to the next);
 - **stop and restart** on the same port (``stop()``/``start()``): the "store went away" case;
 - **model a slow store** for benchmarks: ``first_byte_delay_s`` before every response and
   ``bandwidth_bytes_per_s`` per connection.
@@ -31,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import http.client
+import random
 import socket
 import socketserver
 import struct
@@ -76,14 +80,16 @@ class FaultRule:
     ``remaining`` is how many more requests it applies to (None: until cleared).
     """
 
-    action: str  # "status" | "reset" | "delay" | "truncate" | "blackhole"
+    action: str  # "status" | "reset" | "delay" | "truncate" | "blackhole" | "stall"
     method: str | None = None
     path_contains: str | None = None
     remaining: int | None = None
     status: int = 503
     code: str = "SlowDown"
-    delay_s: float = 0.0
-    keep_bytes: int = 0
+    delay_s: float = 0.0  # "delay" and "stall": how long
+    keep_bytes: int = 0  # "truncate": body bytes sent before the cut
+    stall_after_bytes: int | None = None  # "stall": mid-body after this many; None: before
+    fraction: float = 1.0  # the share of matching requests it takes (drawn per request)
 
     def matches(self, method: str, path: str) -> bool:
         return (self.method is None or self.method == method) and (
@@ -124,6 +130,8 @@ class FaultProxy:
         self._connections: set[socket.socket] = set()
         self._stopping = threading.Event()  # set while stopped: wakes delays and black holes
         self._unblock = threading.Event()  # set when black-holed requests should give up
+        self._random = random.Random(0)  # draws for fractional rules: the same run, every run
+        self._stalled = 0
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -194,6 +202,13 @@ class FaultProxy:
     def reset_counts(self) -> None:
         with self._lock:
             self._seen.clear()
+            self._stalled = 0
+
+    @property
+    def stalled(self) -> int:
+        """How many requests a stall rule has held so far."""
+        with self._lock:
+            return self._stalled
 
     # --- faults ------------------------------------------------------------------------------
 
@@ -252,6 +267,50 @@ class FaultProxy:
         a transfer that dies midway."""
         self._add(FaultRule("truncate", method, path_contains, n, keep_bytes=keep_bytes))
 
+    def stall_next(
+        self,
+        n: int,
+        stall_s: float,
+        *,
+        after_bytes: int | None = None,
+        method: str | None = "GET",
+        path_contains: str | None = None,
+    ) -> None:
+        """Stall the next ``n`` matching requests for ``stall_s``, then answer them in full:
+        before the response (``after_bytes=None``: the client waits for its first byte), or
+        after ``after_bytes`` bytes of the body (headers and those bytes sent and flushed).
+        A stall ends early at :meth:`clear_faults` or :meth:`stop` (which drops the connection).
+        """
+        self._add(
+            FaultRule(
+                "stall", method, path_contains, n, delay_s=stall_s, stall_after_bytes=after_bytes
+            )
+        )
+
+    def stall_fraction(
+        self,
+        fraction: float,
+        stall_s: float,
+        *,
+        after_bytes: int | None = None,
+        method: str | None = "GET",
+        path_contains: str | None = None,
+    ) -> None:
+        """Like :meth:`stall_next`, for a random ``fraction`` (0..1) of the matching requests,
+        until :meth:`clear_faults`. The draws come from a seeded generator."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be in [0, 1], not {fraction}")
+        self._add(
+            FaultRule(
+                "stall",
+                method,
+                path_contains,
+                delay_s=stall_s,
+                stall_after_bytes=after_bytes,
+                fraction=fraction,
+            )
+        )
+
     def blackhole(self, *, method: str | None = None, path_contains: str | None = None) -> None:
         """Accept matching requests but never answer them (until :meth:`clear_faults` or
         :meth:`stop`, which then drop the connection): a store that hangs."""
@@ -276,6 +335,10 @@ class FaultProxy:
             self._seen.append((method, path))
             for rule in self._rules:
                 if rule.matches(method, path):
+                    if rule.fraction < 1.0 and self._random.random() >= rule.fraction:
+                        continue  # not drawn this time: the next rule, or no fault
+                    if rule.action == "stall":
+                        self._stalled += 1
                     if rule.remaining is not None:
                         rule.remaining -= 1
                         if rule.remaining <= 0:
@@ -360,13 +423,30 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if delay_s > 0 and self.proxy._stopping.wait(delay_s):
             self.close_connection = True  # stopped while waiting
             return
+        stall = None
+        if action == "stall":
+            if rule.stall_after_bytes is None:
+                if not self._stall(rule.delay_s, unblock):
+                    return
+            else:
+                stall = (rule.stall_after_bytes, rule.delay_s, unblock)
         try:
             if action == "status":
                 self._send_error(rule.status, rule.code)
             else:
-                self._forward(method, body, rule.keep_bytes if action == "truncate" else None)
+                keep_bytes = rule.keep_bytes if action == "truncate" else None
+                self._forward(method, body, keep_bytes, stall)
         except OSError:
             self.close_connection = True  # client or upstream went away mid-exchange
+
+    def _stall(self, stall_s: float, unblock: threading.Event) -> bool:
+        """Hold this request for ``stall_s`` (less if the faults are cleared). False if the
+        proxy was stopped meanwhile: the connection is then dropped."""
+        unblock.wait(stall_s)
+        if self.proxy._stopping.is_set():
+            self.close_connection = True
+            return False
+        return True
 
     def _read_request_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -397,14 +477,20 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _forward(self, method: str, body: bytes, keep_bytes: int | None) -> None:
+    def _forward(
+        self,
+        method: str,
+        body: bytes,
+        keep_bytes: int | None,
+        stall: tuple[int, float, threading.Event] | None = None,
+    ) -> None:
         try:
             response = self._send_upstream(method, body)
         except (OSError, http.client.HTTPException):
             self._send_error(502, "BadGateway")
             return
         try:
-            self._relay_response(response, keep_bytes)
+            self._relay_response(response, keep_bytes, stall)
         finally:
             response.close()
         if response.will_close and self.upstream is not None:
@@ -435,9 +521,15 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         upstream.endheaders(body or None)
         return upstream.getresponse()
 
-    def _relay_response(self, response: http.client.HTTPResponse, keep_bytes: int | None) -> None:
+    def _relay_response(
+        self,
+        response: http.client.HTTPResponse,
+        keep_bytes: int | None,
+        stall: tuple[int, float, threading.Event] | None = None,
+    ) -> None:
         """Send the upstream response on; with ``keep_bytes``, only that much of the body,
-        then close the connection."""
+        then close the connection; with ``stall`` (offset, seconds, unblock), pause the body
+        at that offset."""
         head = [f"HTTP/1.1 {response.status} {response.reason}"]
         for name, value in response.getheaders():
             if name.lower() not in _HOP_BY_HOP:
@@ -454,14 +546,29 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
         if not bodyless:
-            self._relay_body(response, chunked=chunked, keep_bytes=keep_bytes)
+            self._relay_body(response, chunked=chunked, keep_bytes=keep_bytes, stall=stall)
 
     def _relay_body(
-        self, response: http.client.HTTPResponse, *, chunked: bool, keep_bytes: int | None
+        self,
+        response: http.client.HTTPResponse,
+        *,
+        chunked: bool,
+        keep_bytes: int | None,
+        stall: tuple[int, float, threading.Event] | None = None,
     ) -> None:
         started = time.monotonic()
         sent = 0
-        while chunk := response.read(_RELAY_CHUNK):
+        stall_at, stall_s, unblock = stall if stall is not None else (None, 0.0, None)
+        while True:
+            if stall_at is not None and sent >= stall_at:
+                self.wfile.flush()  # the client has had these bytes; now nothing for a while
+                if not self._stall(stall_s, unblock):
+                    return
+                stall_at = None
+            room = _RELAY_CHUNK if stall_at is None else stall_at - sent
+            chunk = response.read(min(_RELAY_CHUNK, room))
+            if not chunk:
+                break
             if keep_bytes is not None:
                 chunk = chunk[: max(0, keep_bytes - sent)]
                 if not chunk:

@@ -44,8 +44,6 @@ def make_store(endpoint: str, uri: str, **overrides) -> OSSStore:
         endpoint=endpoint,
         dataset="ds",
         retry=overrides.pop("retry", FAST_RETRY),
-        connect_timeout_s=2.0,
-        read_timeout_s=10.0,
         **overrides,
     )
     return OSSStore(config, page_size=page_size)

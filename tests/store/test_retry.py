@@ -1,18 +1,29 @@
-"""The retry loop is pure logic: tested with a fake clock, a recording sleep and a fixed jitter
-(the real loop against real failing servers is exercised in test_s3.py and test_oss.py)."""
+"""The retry loops, on their own.
+
+``call_with_retries`` is pure logic: tested with a fake clock, a recording sleep and a fixed
+jitter. ``HedgedReads`` runs tries on real threads: tested with scripted tries (functions that
+answer, fail or stay silent until abandoned) and no timing assertion — whatever the machine's
+load, a silent try stays silent and an answering one answers. Both loops against real failing
+servers are exercised in test_s3.py, test_oss.py and test_stalls.py.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from cachefs.errors import ObjectNotFound, StoreIOError, StoreUnavailable
+from cachefs.errors import ObjectChanged, ObjectNotFound, StoreIOError, StoreUnavailable
 from cachefs.store.base import RetryPolicy
 from cachefs.store.retry import (
+    Attempt,
+    HedgedReads,
     ShortBody,
-    call_ranged_read_with_retries,
     call_with_retries,
     check_body_length,
 )
+from tests.waiting import WAIT_S, wait_for
 
 
 class FakeTime:
@@ -146,29 +157,189 @@ def test_check_body_length():
         check_body_length(b"abcd", 3, key="k", store="s", dataset="d")
 
 
-def test_a_body_short_on_every_try_becomes_an_io_error():
-    calls = []
+# --- HedgedReads ---------------------------------------------------------------------------
 
-    def always_short():
-        calls.append(1)
-        return check_body_length(b"ab", 3, key="k", store="s", dataset="d")
+
+class ScriptedTries:
+    """The read function for HedgedReads: try number n does ``script(n, attempt)``. Records
+    which tries began and which saw themselves abandoned."""
+
+    def __init__(self, script):
+        self.script = script
+        self.began: list[int] = []
+        self.abandoned: list[int] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, attempt: Attempt):
+        with self.lock:
+            self.began.append(attempt.number)
+        return self.script(attempt.number, attempt)
+
+    def stay_silent(self, attempt: Attempt):
+        """A try whose store never answers: it waits until abandoned (as a real try's socket
+        timeout would end it), bounded so that a bug cannot hang the test run."""
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                attempt.check_abandoned()
+            except Exception:
+                with self.lock:
+                    self.abandoned.append(attempt.number)
+                raise
+            time.sleep(0.01)
+        raise AssertionError(f"try {attempt.number} was never abandoned")
+
+
+def stalled(cause: str) -> StoreUnavailable:
+    return StoreUnavailable(cause, dataset="ds", key="k", store="s3://b/")
+
+
+@pytest.fixture
+def hedged():
+    """A factory of HedgedReads (closed after the test) with quick backoffs."""
+    made: list[HedgedReads] = []
+
+    def make(**policy) -> HedgedReads:
+        policy = {"base_delay_s": 0.01, "max_delay_s": 0.05, **policy}
+        reads = HedgedReads(RetryPolicy(**policy), name="test-read")
+        made.append(reads)
+        return reads
+
+    yield make
+    for reads in made:
+        wait_until_ended(reads)
+        reads.close()
+
+
+def wait_until_ended(reads: HedgedReads) -> None:
+    """Abandoned tries end by themselves (here: as soon as they look); wait for that."""
+    wait_for(lambda: reads.in_flight == 0, "every try to end")
+
+
+def call(reads: HedgedReads, tries: ScriptedTries):
+    return reads.call(tries, what="GET k", stalled=stalled)
+
+
+def test_a_silent_try_gets_a_hedge_and_the_first_answer_wins(hedged):
+    reads = hedged(first_byte_timeout_s=2.0, deadline_s=WAIT_S)
+
+    def script(number, attempt):
+        if number == 1:
+            return tries.stay_silent(attempt)
+        attempt.first_byte()
+        return b"answer"
+
+    tries = ScriptedTries(script)
+    assert call(reads, tries) == b"answer"
+    wait_until_ended(reads)
+    assert tries.began[:2] == [1, 2] and tries.abandoned == [1]
+
+
+def test_a_try_that_answered_is_not_hedged_however_slow_its_body(hedged):
+    reads = hedged(first_byte_timeout_s=1.0, deadline_s=WAIT_S)
+
+    def script(number, attempt):
+        attempt.first_byte()
+        time.sleep(1.5)  # longer than the first-byte timeout, spent "reading the body"
+        return number
+
+    tries = ScriptedTries(script)
+    assert call(reads, tries) == 1
+    assert tries.began == [1]
+
+
+def test_a_try_that_stalls_mid_body_is_replaced(hedged):
+    reads = hedged(first_byte_timeout_s=5.0, deadline_s=WAIT_S)
+
+    def script(number, attempt):
+        attempt.first_byte()
+        if number == 1:  # what the SDK raises when the body stops for the read timeout
+            raise StoreUnavailable("the store is unreachable: ReadTimeoutError")
+        return b"whole"
+
+    tries = ScriptedTries(script)
+    assert call(reads, tries) == b"whole"
+    assert tries.began == [1, 2]
+
+
+def test_when_every_try_stalls_the_budget_ends_the_read_in_one_line(hedged):
+    reads = hedged(attempts=1000, first_byte_timeout_s=0.2, deadline_s=1.0)
+    tries = ScriptedTries(lambda number, attempt: tries.stay_silent(attempt))
+
+    with pytest.raises(StoreUnavailable) as caught:
+        call(reads, tries)
+
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("dataset 'ds', s3://b/, key 'k': ")
+    assert "the store did not answer within 0.2 s (gave up on GET k after " in message
+    assert 1 < len(tries.began) < 1000  # the budget, not the attempts, ended it
+    wait_until_ended(reads)
+    assert sorted(tries.abandoned) == sorted(tries.began)  # no try left behind
+
+
+def test_when_every_try_stalls_the_attempts_bound_the_tries(hedged):
+    reads = hedged(attempts=3, first_byte_timeout_s=0.2, deadline_s=WAIT_S)
+    tries = ScriptedTries(lambda number, attempt: tries.stay_silent(attempt))
+
+    with pytest.raises(StoreUnavailable, match="after 3 tries in"):
+        call(reads, tries)
+    assert sorted(tries.began) == [1, 2, 3]
+
+
+def test_a_permanent_error_of_a_hedge_ends_the_read_at_once(hedged):
+    reads = hedged(first_byte_timeout_s=2.0, deadline_s=WAIT_S)
+
+    def script(number, attempt):
+        if number == 1:
+            return tries.stay_silent(attempt)
+        raise ObjectChanged("the object changed", key="k")
+
+    tries = ScriptedTries(script)
+    with pytest.raises(ObjectChanged):
+        call(reads, tries)
+    wait_until_ended(reads)
+    assert tries.abandoned == [1]
+
+
+def test_a_bug_in_a_try_propagates(hedged):
+    reads = hedged()
+
+    def script(number, attempt):
+        raise ValueError("a bug, not the store")
+
+    with pytest.raises(ValueError, match="a bug"):
+        call(reads, ScriptedTries(script))
+
+
+def test_a_body_short_on_every_try_becomes_an_io_error(hedged):
+    reads = hedged(attempts=3)
+    tries = ScriptedTries(
+        lambda number, attempt: check_body_length(b"ab", 3, key="k", store="s", dataset="d")
+    )
 
     with pytest.raises(StoreIOError) as caught:
-        call_ranged_read_with_retries(
-            always_short, RetryPolicy(attempts=3, base_delay_s=0.0), what="GET k"
-        )
+        call(reads, tries)
 
     assert type(caught.value) is StoreIOError
-    assert "after 3 tries" in str(caught.value) and len(calls) == 3
+    assert "after 3 tries" in str(caught.value) and tries.began == [1, 2, 3]
 
 
-def test_a_body_short_once_is_retried():
-    results = iter([b"ab", b"abc"])
-
-    def short_then_whole():
-        return check_body_length(next(results), 3, key="k", store="s", dataset="d")
-
-    assert (
-        call_ranged_read_with_retries(short_then_whole, RetryPolicy(base_delay_s=0.0), what="GET k")
-        == b"abc"
+def test_a_body_short_once_is_retried(hedged):
+    reads = hedged()
+    bodies = {1: b"ab", 2: b"abc"}
+    tries = ScriptedTries(
+        lambda number, attempt: check_body_length(
+            bodies[number], 3, key="k", store="s", dataset="d"
+        )
     )
+
+    assert call(reads, tries) == b"abc"
+
+
+def test_a_closed_pool_refuses_new_reads(hedged):
+    reads = hedged()
+    reads.close()
+
+    with pytest.raises(RuntimeError):
+        call(reads, ScriptedTries(lambda number, attempt: b"x"))
