@@ -187,7 +187,9 @@ def cmd_down(args) -> int:
         try:
             client.shutdown()
         except WorkerNotRunning:
-            print("cachefs: no worker running", file=sys.stderr)
+            cleared = _clear_left_mount(args.state)
+            also = f"; cleared the dead mount it left at {cleared}" if cleared else ""
+            print(f"cachefs: no worker running{also}", file=sys.stderr)
             return 0
         # The control socket stops answering before the worker has unmounted; the worker
         # holds its state directory's lock until it has unmounted and closed its cache.
@@ -200,6 +202,18 @@ def cmd_down(args) -> int:
             time.sleep(0.1)
     print(f"cachefs: worker still running after {args.timeout:.0f}s", file=sys.stderr)
     return 1
+
+
+def _clear_left_mount(state_dir: str) -> str | None:
+    """A worker that was killed left its mount dead: clear it (cachefs/mountpoint.py), unless
+    a worker holds the state directory (one starting now clears it itself)."""
+    if is_locked(os.path.join(state_dir, WORKER_LOCK_NAME)):
+        return None
+    import trio
+
+    from cachefs.mountpoint import clear_left_mount
+
+    return trio.run(clear_left_mount, state_dir)
 
 
 def _fraction(value: float | None) -> str:

@@ -126,25 +126,56 @@ async def prepare_mountpoint(mountpoint: str, state_dir: str) -> str:
                 "another cachefs worker?): stop it (`cachefs down --state ITS_STATE`) or "
                 "choose another --mount"
             )
-        if state == "silent":
-            if recorded is None or not recorded.matches(entry):
-                raise ConfigError(
-                    f"mountpoint {mountpoint} is a FUSE mount ({entry.fstype}) whose server does "
-                    f"not answer (stopped?); if nothing serves it any more, clear it with "
-                    f"`fusermount3 -uz {mountpoint}`"
-                )
-            log.warning(
-                "the FUSE connection of %s (left by pid %d) is held open but not served: "
-                "aborting it",
-                mountpoint,
-                recorded.pid,
+        if state == "silent" and (recorded is None or not recorded.matches(entry)):
+            raise ConfigError(
+                f"mountpoint {mountpoint} is a FUSE mount ({entry.fstype}) whose server does "
+                f"not answer (stopped?); if nothing serves it any more, clear it with "
+                f"`fusermount3 -uz {mountpoint}`"
             )
-            await trio.to_thread.run_sync(_abort_connection, entry, limiter=_limiter())
-        log.warning("clearing the FUSE mount at %s left by a worker that was killed", mountpoint)
-        await trio.to_thread.run_sync(_detach, entry, mountpoint, limiter=_limiter())
+        await _clear(entry, state, mountpoint, recorded)
     else:
         raise ConfigError(f"mountpoint {mountpoint}: {_MAX_STACKED} stacked mounts, not cleared")
     return await trio.to_thread.run_sync(_make_empty_dir, mountpoint, path, limiter=_limiter())
+
+
+async def clear_left_mount(state_dir: str) -> str | None:
+    """`cachefs down` with no worker running: clear the mount that the last worker of this
+    state directory recorded, if it is still there and nobody serves it (the worker was
+    killed). Returns its path, or None if there was nothing to clear. Call only while the state
+    directory's lock is free (its worker is gone)."""
+    recorded = _recorded_mount(state_dir)
+    entry = None if recorded is None else _visible_mount(recorded.path)
+    if entry is None or not recorded.matches(entry):
+        forget_mount(state_dir)  # gone already (unmounted by hand, or a reboot)
+        return None
+    state = await _probe(recorded.path)
+    if state == "served":  # not ours any more, whatever the record says: left alone
+        return None
+    await _clear(entry, state, recorded.path, recorded, report=False)  # the caller says it
+    forget_mount(state_dir)
+    return recorded.path
+
+
+async def _clear(
+    entry: MountEntry,
+    state: str,
+    mountpoint: str,
+    recorded: MountRecord | None,
+    *,
+    report: bool = True,
+) -> None:
+    """Detach a mount that nobody serves: "dead", or "silent" and recorded by a worker that is
+    gone (its connection is then aborted first). ``report``: log what is done."""
+    say = log.warning if report else log.debug
+    if state == "silent":
+        say(
+            "the FUSE connection of %s (left by pid %d) is held open but not served: aborting it",
+            mountpoint,
+            recorded.pid,
+        )
+        await trio.to_thread.run_sync(_abort_connection, entry, limiter=_limiter())
+    say("clearing the FUSE mount at %s left by a worker that was killed", mountpoint)
+    await trio.to_thread.run_sync(_detach, entry, mountpoint, limiter=_limiter())
 
 
 def _limiter() -> trio.CapacityLimiter:

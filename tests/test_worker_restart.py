@@ -228,6 +228,25 @@ def test_stale_lock_socket_and_record_of_a_killed_worker_do_not_block_a_restart(
         worker.cleanup()
 
 
+def test_down_after_a_kill9_clears_the_dead_mount(tmp_path):
+    worker = WorkerProcess(str(tmp_path)).start()
+    try:
+        worker.crash()
+        assert _mount_is_dead(worker.mount)
+        down = _cli("--state", worker.state, "down")
+        assert down.returncode == 0, down.stderr
+        assert down.stderr == (
+            "cachefs: no worker running; cleared the dead mount it left at "
+            f"{os.path.realpath(worker.mount)}\n"
+        )
+        assert mounts_at(os.path.realpath(worker.mount)) == []
+        assert not os.path.exists(os.path.join(worker.state, MOUNT_RECORD))
+        again = _cli("--state", worker.state, "down")
+        assert again.stderr == "cachefs: no worker running\n"  # nothing left to clear
+    finally:
+        worker.cleanup()
+
+
 def _process_group(pgid: int) -> list[int]:
     """The live processes of a process group (zombies, which may wait long for a reaper in a
     container, do not count)."""
