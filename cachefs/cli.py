@@ -40,6 +40,13 @@ from cachefs.client import (
     one_line,
 )
 from cachefs.errors import CachefsError, ConfigError, EmptySource, StoreError
+from cachefs.fs.permissions import (
+    DEFAULT_DIR_MODE,
+    DEFAULT_FILE_MODE,
+    MountPermissions,
+    parse_id,
+    parse_mode,
+)
 from cachefs.pidlock import WORKER_LOCK_NAME, is_locked
 from cachefs.protocol import (
     DEFAULT_BLOCK_SIZE,
@@ -80,13 +87,28 @@ def _worker_config(args, **cluster):
         attr_timeout=parse_duration(args.attr_timeout),
         max_tasks=args.max_tasks,
         readahead_kib=parse_size(args.readahead) // 1024,
-        allow_other=not args.no_allow_other,
+        allow_other=args.allow_other,
+        permissions=_mount_permissions(args),
         no_open={"auto": None, "on": True, "off": False}[args.fuse_no_open],
         metrics_listen=None if args.metrics == "off" else args.metrics,
         limits=ReadLimits(store_threads=args.store_threads),
         **({"node": args.node} if args.node else {}),
         **cluster,
     )
+
+
+def _mount_permissions(args) -> MountPermissions:
+    """--uid/--gid/--file-mode/--dir-mode; the ones not given keep MountPermissions' defaults."""
+    given = {}
+    if args.uid is not None:
+        given["uid"] = parse_id(args.uid, "--uid")
+    if args.gid is not None:
+        given["gid"] = parse_id(args.gid, "--gid")
+    if args.file_mode is not None:
+        given["file_mode"] = parse_mode(args.file_mode, "--file-mode")
+    if args.dir_mode is not None:
+        given["dir_mode"] = parse_mode(args.dir_mode, "--dir-mode")
+    return MountPermissions(**given)
 
 
 def _run_worker(config, banner: str) -> int:
@@ -362,6 +384,7 @@ def _refuse_an_empty_listing(spec: dict) -> None:
     LIST request, from where the CLI runs: if it cannot list from here (no credentials here, a
     file:// path only the workers have), it says so and adds the dataset unchecked."""
     from cachefs.store import open_store
+    from cachefs.store.base import names_a_file
     from cachefs.worker import Worker
 
     config = Worker.store_config(DatasetSpec.from_json(spec))
@@ -369,7 +392,7 @@ def _refuse_an_empty_listing(spec: dict) -> None:
     try:
         store = open_store(config)
         try:
-            first = next(iter(store.list()), None)
+            first = next(filter(names_a_file, store.list()), None)  # markers are no files
         finally:
             store.close()
     except StoreError as exc:
@@ -986,7 +1009,25 @@ def _add_worker_options(up: argparse.ArgumentParser) -> None:
     up.add_argument("--max-tasks", type=int, default=64, help="concurrent FUSE requests")
     up.add_argument("--readahead", default="1MiB", help="kernel readahead of the mount (0: leave)")
     up.add_argument("--store-threads", type=int, default=32, help="concurrent store requests")
-    up.add_argument("--no-allow-other", action="store_true", help="only root may read the mount")
+    up.add_argument(
+        "--allow-other",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="let users other than the worker's use the mount, as the mode bits allow (default "
+        "on; --no-allow-other: only the worker's user)",
+    )
+    # These apply where the source records no owner: S3/OSS objects, the mount root.
+    kept = "file:// datasets keep their source's"
+    up.add_argument("--uid", help=f"owner of object-store entries (default: the worker's; {kept})")
+    up.add_argument("--gid", help=f"group of object-store entries (default: the worker's; {kept})")
+    up.add_argument(
+        "--file-mode",
+        help=f"octal mode of object-store files (default {DEFAULT_FILE_MODE:04o}; {kept})",
+    )
+    up.add_argument(
+        "--dir-mode",
+        help=f"octal mode of object-store directories (default {DEFAULT_DIR_MODE:04o}; {kept})",
+    )
     up.add_argument(
         "--fuse-no-open",
         choices=["auto", "on", "off"],

@@ -49,6 +49,7 @@ from cachefs.errors import (
 from cachefs.fs import fuse_ops
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
+from cachefs.fs.permissions import MountPermissions
 from cachefs.host import TierRequest, check_tier_sizes, warn_if_short
 from cachefs.meta import BuildResult, Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics, counter, gauge, make_registry
@@ -60,6 +61,7 @@ from cachefs.protocol import DatasetSpec
 from cachefs.registry import Registry
 from cachefs.store import StoreConfig, open_store
 from cachefs.store.base import RetryPolicy
+from cachefs.store.uri import parse_uri
 
 log = logging.getLogger("cachefs.worker")
 
@@ -93,6 +95,9 @@ class WorkerConfig:
     attr_timeout: float = 3600.0
     max_tasks: int = 64
     allow_other: bool = True
+    # Owner and modes of entries whose source records none (object stores); file:// entries
+    # keep their source's (cachefs/fs/permissions.py).
+    permissions: MountPermissions = field(default_factory=MountPermissions)
     # HOST:PORT of a TCP listener serving only /metrics; None: none (the control socket
     # always serves /metrics). Off unless asked: a fixed default port would make a second
     # worker on the machine fail to start.
@@ -259,7 +264,7 @@ class Worker(WorkerAPI):
         self.registry = Registry(os.path.join(cfg.state_dir, "registry"))
         if cfg.coordinator:
             self.membership = Membership(cfg.node)
-        self.fs = FileSystem(BlockReader(self.cache, self.metrics, cfg.limits))
+        self.fs = FileSystem(BlockReader(self.cache, self.metrics, cfg.limits), cfg.permissions)
         self.prefetcher = Prefetcher(
             self.fs,
             self.cache,
@@ -525,7 +530,31 @@ class Worker(WorkerAPI):
     def _mount_existing(self, spec: DatasetSpec) -> None:
         snapshot_dir = os.path.join(self._snapshot_root, spec.extra.get("snapshot", ""))
         snapshot = Snapshot.open(snapshot_dir)
-        self.fs.add_dataset(MountedDataset(spec.name, spec.slot, snapshot, self._open_source(spec)))
+        source = self._open_source(spec)
+        if not snapshot.records_owners and parse_uri(spec.uri).scheme == "file":
+            try:
+                snapshot = self._rebuild_with_owners(spec, source, snapshot)
+            except BaseException:
+                source.store.close()
+                raise  # not served (shown in status) rather than served to everyone
+        self.fs.add_dataset(MountedDataset(spec.name, spec.slot, snapshot, source))
+
+    def _rebuild_with_owners(self, spec: DatasetSpec, source: DataSource, old: Snapshot):
+        """A file:// snapshot written before cachefs kept the source's modes and owners would
+        show every file to everyone: list the directory again before serving it (at start,
+        before the mount; same inodes). Snapshots of object stores need no rebuild: they
+        record no owners either way."""
+        dirname = f"{spec.name}-{secrets.token_hex(4)}"
+        try:
+            build_snapshot(
+                source.store.list(), os.path.join(self._snapshot_root, dirname), previous=old
+            )
+        finally:
+            old.close()
+        spec.extra["snapshot"] = dirname
+        self.registry.update(spec)  # the old directory is now an orphan, removed at start
+        log.info("dataset %r: snapshot rebuilt to keep the source's modes and owners", spec.name)
+        return Snapshot.open(os.path.join(self._snapshot_root, dirname))
 
     def _remove_orphan_snapshots(self) -> None:
         """Snapshot dirs left by a crash mid-build or mid-refresh are deleted at start."""

@@ -8,6 +8,10 @@ registry never reuses), and a snapshot inode ``local`` of that dataset is expose
 ``slot << 48 | local``. The snapshot keeps ``local`` stable across refreshes, so the kernel's
 dentry/attribute caches stay valid for unchanged paths; a removed and re-added dataset gets a new
 slot, so stale kernel entries of the old one can never resolve to the new one.
+
+Permissions. Every attribute carries an owner and mode that the kernel enforces (the mount uses
+``default_permissions``): the source's own, without write bits, where its snapshot recorded
+them (``file://``), else the mount's :class:`MountPermissions` (see cachefs/fs/permissions.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from cachefs.cache.base import CheckedBlock
 from cachefs.errors import BadFileHandle, IsADirectory, NotADirectory, PathNotFound, ReadOnly
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.fs.permissions import MountPermissions, shown_mode
 from cachefs.meta import ROOT as SNAPSHOT_ROOT
 from cachefs.meta import Entry, Snapshot
 from cachefs.peer.base import BlockRequest, NotCached
@@ -32,19 +37,18 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 #: Files whose version no-open reads remember (see FileSystem._versions); ~300 bytes each.
 VERSIONS_KEPT = 8192
 
-DIR_MODE = stat.S_IFDIR | 0o555
-FILE_MODE = stat.S_IFREG | 0o444
-
 
 @dataclass(frozen=True, slots=True)
 class Attr:
     """What getattr returns; the adapter turns it into the kernel's struct."""
 
     ino: int
-    mode: int
+    mode: int  # file type and permission bits
     size: int
     mtime_ns: int
     nlink: int
+    uid: int
+    gid: int
 
 
 class MountedDataset:
@@ -69,8 +73,12 @@ class _OpenFile:
 
 
 class FileSystem:
-    def __init__(self, reader: BlockReader):
+    def __init__(self, reader: BlockReader, permissions: MountPermissions | None = None):
         self.reader = reader
+        self.permissions = perms = permissions or MountPermissions()
+        # The attributes' (mode, uid, gid) of entries whose source recorded no owner.
+        self._default_file = (stat.S_IFREG | perms.file_mode, perms.uid, perms.gid)
+        self._default_dir = (stat.S_IFDIR | perms.dir_mode, perms.uid, perms.gid)
         self._by_name: dict[bytes, MountedDataset] = {}
         self._by_slot: dict[int, MountedDataset] = {}
         self._open: dict[int, _OpenFile] = {}
@@ -128,16 +136,25 @@ class FileSystem:
         return dataset
 
     def _attr(self, dataset: MountedDataset, entry: Entry) -> Attr:
+        owner = entry.owner
+        if owner is None:
+            mode, uid, gid = self._default_dir if entry.is_dir else self._default_file
+        else:
+            file_type = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
+            mode, uid, gid = file_type | shown_mode(owner.mode), owner.uid, owner.gid
         return Attr(
             ino=dataset.slot << SLOT_SHIFT | entry.ino,
-            mode=DIR_MODE if entry.is_dir else FILE_MODE,
+            mode=mode,
             size=entry.size,
             mtime_ns=entry.mtime_ns,
             nlink=entry.nlink,
+            uid=uid,
+            gid=gid,
         )
 
     def _root_attr(self) -> Attr:
-        return Attr(MOUNT_ROOT, DIR_MODE, 0, self._root_mtime_ns, 2 + len(self._by_slot))
+        mode, uid, gid = self._default_dir
+        return Attr(MOUNT_ROOT, mode, 0, self._root_mtime_ns, 2 + len(self._by_slot), uid, gid)
 
     def lookup(self, parent: int, name: bytes) -> Attr:
         if parent == MOUNT_ROOT:
@@ -183,7 +200,7 @@ class FileSystem:
             yield child.name, self._attr(dataset, child), child.ino
 
     def check_directory(self, ino: int) -> None:
-        if ino != MOUNT_ROOT and self.getattr(ino).mode != DIR_MODE:
+        if ino != MOUNT_ROOT and not stat.S_ISDIR(self.getattr(ino).mode):
             raise NotADirectory(f"inode {ino} is not a directory")
 
     # --- files -------------------------------------------------------------------------------

@@ -69,8 +69,6 @@ class FuseOperations(pyfuse3.Operations):
         *,
         entry_timeout: float = 3600.0,
         attr_timeout: float = 3600.0,
-        uid: int = 0,
-        gid: int = 0,
         no_open: bool | None = None,
     ):
         super().__init__()
@@ -86,8 +84,6 @@ class FuseOperations(pyfuse3.Operations):
         self.metrics = metrics
         self.entry_timeout = entry_timeout
         self.attr_timeout = attr_timeout
-        self.uid = uid
-        self.gid = gid
         self._read_latency = metrics.fuse_latency.get("read")
         self._lookup_latency = metrics.fuse_latency.get("lookup")
         self._getattr_latency = metrics.fuse_latency.get("getattr")
@@ -103,8 +99,8 @@ class FuseOperations(pyfuse3.Operations):
         entry.attr_timeout = self.attr_timeout
         entry.st_mode = attr.mode
         entry.st_nlink = attr.nlink
-        entry.st_uid = self.uid
-        entry.st_gid = self.gid
+        entry.st_uid = attr.uid
+        entry.st_gid = attr.gid
         entry.st_rdev = 0
         entry.st_size = attr.size
         entry.st_blksize = 1 << 17
@@ -242,10 +238,14 @@ class FuseOperations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.EINVAL)  # there are no symlinks
 
 
+# default_permissions: the kernel checks every access against the owner and mode bits getattr
+# returns (cachefs.fs.core), so a file only root may read in a file:// source stays so.
 MOUNT_OPTIONS_BASE = ("fsname=cachefs", "subtype=cachefs", "ro", "default_permissions")
 
 
 def mount_options(*, allow_other: bool) -> set[str]:
+    """Without allow_other only the worker's own user may use the mount at all (the kernel's
+    rule for FUSE); with it every user may, as far as the mode bits allow."""
     # No max_read: libfuse refuses a mount option that pyfuse3's init() does not also set; the
     # kernel then uses the largest size both sides support (max_pages, 128 KiB to 1 MiB).
     options = set(MOUNT_OPTIONS_BASE)

@@ -13,6 +13,12 @@ reads its own writes), which is also what makes unsorted input correct:
 * a file's dirent is written with ``overwrite=False``: if the name is taken (by a directory or
   by an earlier object with the same key) the put fails and the file is skipped as "conflict".
 
+Directory markers (keys ending in "/", size 0) make a directory even if nothing is under it;
+a marker whose path is a file's follows the rule above (the directory wins). A listing with
+owners (a local directory, see ``ObjectInfo.mode``) gives every file and directory its source's
+mode, uid and gid (the root's come with the marker ""); entries it lists with another file type
+(symlinks, FIFOs, sockets, devices) are skipped and counted like invalid names.
+
 Inodes are stable across refreshes: a path that existed in ``previous`` with the same kind gets
 the same inode (looked up through the previous snapshot's dirents, one component at a time,
 riding on the directory chain, so a file costs two reads of ``previous``); every other path gets
@@ -37,7 +43,7 @@ from dataclasses import dataclass
 
 import lmdb
 
-from cachefs.meta.names import CONFLICT, EMPTY_SEGMENT, split_key
+from cachefs.meta.names import CONFLICT, EMPTY_SEGMENT, split_key, unservable_reason
 from cachefs.meta.records import (
     DB_COUNT,
     DIRENTS_DB,
@@ -54,10 +60,12 @@ from cachefs.meta.records import (
     META_STATS,
     ROOT,
     Entry,
+    Owner,
     encode_etag,
     file_version,
     pack_dir,
     pack_file,
+    permissions_of,
     unpack_entry,
 )
 from cachefs.meta.snapshot import Snapshot, SnapshotError, SnapshotStats
@@ -76,7 +84,8 @@ _STAGED_DB = b"staged-inodes"  # exists only during a refresh build (see _inodes
 @dataclass(frozen=True)
 class BuildResult:
     stats: SnapshotStats
-    # Files whose etag or size changed vs `previous` (for kernel cache invalidation).
+    # Files whose etag or size changed vs `previous`, and files and directories whose recorded
+    # mode or owner changed (for kernel cache invalidation: attributes are cached too).
     changed_inos: list[int]
     # (parent ino, name) present in `previous` and gone now. Only the topmost entry of a removed
     # subtree is listed: invalidating a directory's dentry drops everything below it. A path
@@ -123,6 +132,7 @@ class _DirFrame:
         "mtime",
         "name",
         "name_bytes",
+        "owner",
         "parent",
         "subdirs",
     )
@@ -137,6 +147,7 @@ class _DirFrame:
         mtime: int | None = None,
         subdirs: int = 0,
         folded_mtime: int | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.ino = ino
         self.ino_key = INO.pack(ino)
@@ -150,6 +161,7 @@ class _DirFrame:
         self.dirty = False
         # The mtime the parent already folded in, for a directory reopened (unsorted input).
         self.folded_mtime = folded_mtime
+        self.owner = owner  # from the directory's marker, if the listing recorded one
 
 
 class _Table:
@@ -183,10 +195,12 @@ class _Builder:
         self._prev_next_ino = ROOT + 1
         # Inodes at or above this go to the staging DB (see _inodes_for).
         self._staged_from = MAX_INO
+        self._prev_upgrade = None  # turns an older-format previous's records into ours
         if previous is not None:
             # previous is immutable: one read transaction serves the whole build. Its keys are
             # looked up in nearly ascending order, so cursors (which search the current page
             # first) beat fresh lookups from the root.
+            self._prev_upgrade = previous._upgrade_record
             self._prev_txn = previous._live_env().begin()
             self._prev_dirents = self._prev_txn.cursor(db=previous._dirents)
             self._prev_inodes = self._prev_txn.cursor(db=previous._inodes)
@@ -213,13 +227,16 @@ class _Builder:
         self._changed: list[int] = []
         self._overflow = False
         self._dropped_files = False
+        # Reused directories whose recorded owner changed: a set, as unsorted input may close a
+        # directory more than once (only the last close counts).
+        self._changed_dirs: set[int] = set()
 
     def build(self, objects: Iterable[ObjectInfo]) -> BuildResult:
         try:
             self._begin_write()
             self._txn.put(META_FORMAT, FORMAT_VERSION, db=self._meta)
             self._stack.append(_DirFrame(ROOT, "", b"", ROOT))
-            self._inodes.put(INO.pack(ROOT), pack_dir(2, 0, ROOT, b""))
+            self._inodes.put(INO.pack(ROOT), pack_dir(2, 0, ROOT, b"", None))
             for info in objects:
                 self._add_object(info)
             return self._finish()
@@ -238,19 +255,28 @@ class _Builder:
 
     def _add_object(self, info: ObjectInfo) -> None:
         key = info.key
+        owner = None
+        if info.mode is not None:
+            reason = unservable_reason(info.mode)
+            if reason is not None:
+                self._skip(reason, key)
+                return
+            owner = Owner(info.mode & 0o7777, info.uid, info.gid)
         if not key and info.size == 0:
-            return  # the dataset prefix's own directory marker: that is the root
+            # The dataset prefix's own directory marker: that is the root.
+            self._stack[0].owner = owner
+            return
         split = split_key(key)
         if split.reason is not None:
             self._skip(split.reason, key)
         elif not split.is_marker:
             parts = split.parts
             parent = self._enter_dirs(parts, len(parts) - 1)
-            self._add_file(parent, split.raw, info)
+            self._add_file(parent, split.raw, info, owner)
         elif info.size:
             self._skip(EMPTY_SEGMENT, key)  # "a/" with content: a file with an empty name
         else:
-            self._enter_dirs(split.parts, len(split.parts))
+            self._enter_dirs(split.parts, len(split.parts)).owner = owner
 
     def _enter_dirs(self, parts: list[str], depth: int) -> _DirFrame:
         """Make the stack the chain root, parts[0], ..., parts[depth-1]; return its top."""
@@ -265,14 +291,17 @@ class _Builder:
             stack.append(self._open_child_dir(stack[-1], parts[len(stack) - 1]))
         return stack[-1]
 
-    def _add_file(self, parent: _DirFrame, raw_key: bytes, info: ObjectInfo) -> None:
+    def _add_file(
+        self, parent: _DirFrame, raw_key: bytes, info: ObjectInfo, owner: Owner | None
+    ) -> None:
         etag = encode_etag(info.etag)
         try:
-            record = pack_file(info.size, info.mtime_ns, parent.ino, etag, raw_key)
+            record = pack_file(info.size, info.mtime_ns, parent.ino, etag, raw_key, owner)
         except struct.error as err:
             raise SnapshotError(
                 f"building snapshot at {self._dest!r}: object {_sample(info.key)} has an invalid "
-                f"size {info.size!r}, mtime {info.mtime_ns!r} or etag length {len(etag)}: {err}"
+                f"size {info.size!r}, mtime {info.mtime_ns!r}, etag length {len(etag)} or "
+                f"owner {owner!r}: {err}"
             ) from None
         name = raw_key[raw_key.rfind(b"/") + 1 :]
         ino, prev_record = self._inode_for(parent, name, KIND_FILE)
@@ -287,7 +316,11 @@ class _Builder:
         self._bytes += info.size
         if prev_record is not None:
             _kind, prev_size, prev_etag = file_version(prev_record)
-            if prev_size != info.size or prev_etag != etag:
+            if (
+                prev_size != info.size
+                or prev_etag != etag
+                or permissions_of(prev_record) != permissions_of(record)
+            ):
                 self._note_changed(ino)
         self._count_write()
 
@@ -311,31 +344,32 @@ class _Builder:
         if existing is not None:
             entry = self._read_entry(INO.unpack(existing)[0])
             if entry.is_dir:
-                return self._reopen(entry.ino, name, entry.parent, entry.mtime_ns, entry.nlink)
+                return self._reopen(entry, name)
             self._drop_file(parent, entry.ino, entry.size, entry.key)
         ino, _prev_record = self._inode_for(parent, name_bytes, KIND_DIR)
         ino_key = INO.pack(ino)
         self._dirents.put(dirent_key, ino_key)
         # A placeholder now, in inode order (append mode); the real record is written on close.
-        self._inodes_for(ino).put(ino_key, pack_dir(2, 0, parent.ino, name_bytes))
+        self._inodes_for(ino).put(ino_key, pack_dir(2, 0, parent.ino, name_bytes, None))
         parent.subdirs += 1
         self._dirs += 1
         self._count_write()
         return _DirFrame(ino, name, name_bytes, parent.ino)
 
-    def _reopen(self, ino: int, name: str, parent: int, mtime: int, nlink: int) -> _DirFrame:
+    def _reopen(self, entry: Entry, name: str) -> _DirFrame:
         """A directory the (unsorted) listing left earlier and now enters again."""
-        ino_key = INO.pack(ino)
+        ino_key = INO.pack(entry.ino)
         cursor = self._txn.cursor(db=self._dirents.db)
         has_children = cursor.set_range(ino_key) and cursor.key()[:8] == ino_key
         return _DirFrame(
-            ino,
+            entry.ino,
             name,
             name.encode("utf-8"),
-            parent,
-            mtime=mtime if has_children else None,
-            subdirs=nlink - 2,
-            folded_mtime=mtime,
+            entry.parent,
+            mtime=entry.mtime_ns if has_children else None,
+            subdirs=entry.nlink - 2,
+            folded_mtime=entry.mtime_ns,
+            owner=entry.owner,
         )
 
     def _drop_file(self, parent: _DirFrame, ino: int, size: int, key: str) -> None:
@@ -362,8 +396,22 @@ class _Builder:
         if frame.dirty:
             frame.mtime = self._newest_child_mtime(frame.ino_key)
         mtime = self._snapshot_ns if frame.mtime is None else frame.mtime
-        record = pack_dir(2 + frame.subdirs, mtime, frame.parent, frame.name_bytes)
+        try:
+            record = pack_dir(2 + frame.subdirs, mtime, frame.parent, frame.name_bytes, frame.owner)
+        except struct.error as err:
+            raise SnapshotError(
+                f"building snapshot at {self._dest!r}: directory {frame.name!a} has an invalid "
+                f"owner {frame.owner!r}: {err}"
+            ) from None
         self._inodes_for(frame.ino).put(frame.ino_key, record)
+        if frame.ino < self._prev_next_ino and self._prev_txn is not None:
+            # A reused inode: the same directory in previous. A changed owner or mode must
+            # reach the kernel, which caches attributes.
+            prev_record = self._prev_record(frame.ino_key)
+            if permissions_of(prev_record) != permissions_of(record):
+                self._changed_dirs.add(frame.ino)
+            else:
+                self._changed_dirs.discard(frame.ino)
         return mtime
 
     def _newest_child_mtime(self, ino_key: bytes) -> int | None:
@@ -388,7 +436,7 @@ class _Builder:
         if self._prev_txn is not None and parent.ino < self._prev_next_ino:
             prev_key = self._prev_dirents.get(parent.ino_key + name)
             if prev_key is not None:
-                prev_record = self._prev_inodes.get(prev_key)
+                prev_record = self._prev_record(prev_key)
                 if prev_record[0] == kind:
                     return INO.unpack(prev_key)[0], prev_record
         ino = self._next_ino
@@ -396,6 +444,11 @@ class _Builder:
             raise SnapshotError(f"snapshot at {self._dest!r}: inode numbers exhausted")
         self._next_ino = ino + 1
         return ino, None
+
+    def _prev_record(self, ino_key: bytes) -> bytes:
+        """The previous snapshot's record of an inode it has, in the current format."""
+        record = self._prev_inodes.get(ino_key)
+        return record if self._prev_upgrade is None else self._prev_upgrade(record)
 
     def _inodes_for(self, ino: int) -> _Table:
         """Where the record of ``ino`` is written during the build.
@@ -473,6 +526,8 @@ class _Builder:
 
     def _surviving_changed(self) -> list[int]:
         """Changed inodes minus files a directory replaced later (unsorted input only)."""
+        for ino in sorted(self._changed_dirs):
+            self._note_changed(ino)
         if not self._dropped_files:
             return self._changed
         with self._env.begin(db=self._inodes.db) as txn:

@@ -7,6 +7,7 @@ Each rejection has one short reason; the snapshot counts them so users can see w
 
 from __future__ import annotations
 
+import stat
 from typing import NamedTuple
 
 # Skip reasons, in the order they are checked (a key with several problems gets the first).
@@ -18,6 +19,20 @@ DOT_SEGMENT = "dot-segment"  # "." or ".." would alias or escape a directory
 TOO_LONG = "too-long"  # one component over NAME_MAX (255) bytes of UTF-8
 CONFLICT = "conflict"  # decided by the builder: a file whose path is also a directory (or a
 #                        second object with the same key)
+# Entries of a local directory that are not regular files or directories (the listing gives
+# their type, see ObjectInfo.mode): never served, counted like the names above.
+SYMLINK = "symlink"  # a symlink that does not lead to a regular file inside the directory
+FIFO = "fifo"
+SOCKET = "socket"
+DEVICE = "device"  # character or block device
+SPECIAL = "special"  # any other type a filesystem may have
+_REASON_BY_TYPE = {
+    stat.S_IFLNK: SYMLINK,
+    stat.S_IFIFO: FIFO,
+    stat.S_IFSOCK: SOCKET,
+    stat.S_IFCHR: DEVICE,
+    stat.S_IFBLK: DEVICE,
+}
 
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
@@ -66,3 +81,12 @@ def validate_key(key: str) -> str | None:
     depends on the other keys and is decided by the snapshot builder.
     """
     return split_key(key).reason
+
+
+def unservable_reason(mode: int) -> str | None:
+    """The skip reason of a listed entry whose file type (``mode``: a local entry's st_mode) is
+    neither a regular file nor a directory; None for those two."""
+    file_type = stat.S_IFMT(mode)
+    if file_type in (stat.S_IFREG, stat.S_IFDIR):
+        return None
+    return _REASON_BY_TYPE.get(file_type, SPECIAL)

@@ -28,7 +28,7 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 import lmdb
@@ -38,7 +38,6 @@ from cachefs.meta.names import MAX_NAME_BYTES
 from cachefs.meta.records import (
     DB_COUNT,
     DIRENTS_DB,
-    FORMAT_VERSION,
     INO,
     INODES_DB,
     META_COMPLETE,
@@ -46,6 +45,7 @@ from cachefs.meta.records import (
     META_FORMAT,
     META_NEXT_INO,
     META_STATS,
+    RECORD_UPGRADES,
     ROOT,
     Entry,
     unpack_entry,
@@ -88,7 +88,12 @@ class Snapshot:
     """A read-only view of one built snapshot; thread-safe, many concurrent readers."""
 
     def __init__(
-        self, env: lmdb.Environment, path: str, stats: SnapshotStats, next_ino: int
+        self,
+        env: lmdb.Environment,
+        path: str,
+        stats: SnapshotStats,
+        next_ino: int,
+        upgrade_record: Callable[[bytes], bytes] | None,
     ) -> None:
         # Use Snapshot.open(); this only wires up an environment that open() has checked.
         self._env: lmdb.Environment | None = env
@@ -97,6 +102,17 @@ class Snapshot:
         self.path = path
         self.stats = stats
         self._next_ino = next_ino  # refreshes allocate new inodes from here
+        # A snapshot of an older format decodes each record through its upgrade (records.py);
+        # a refresh reading this one as its `previous` does the same.
+        self._upgrade_record = upgrade_record
+        self._unpack: Callable[[int, bytes], Entry] = (
+            unpack_entry
+            if upgrade_record is None
+            else lambda ino, record: unpack_entry(ino, upgrade_record(record))
+        )
+        #: False for a snapshot written before the source's mode and owner were recorded
+        #: (format 1): every entry then shows the mount's defaults.
+        self.records_owners = upgrade_record is None
         # (parent, name) -> entry or None. Plain dict operations are atomic under the GIL, so
         # the loop thread and worker threads share it without a lock.
         self._lookups: dict[tuple[int, bytes], Entry | None] = {}
@@ -108,8 +124,8 @@ class Snapshot:
         # One opener at a time: LMDB forbids opening databases concurrently in one environment.
         with _open_envs_lock:
             env = _shared_env(path)
-            stats, next_ino = _read_meta(env, path)
-            return cls(env, path, stats, next_ino)
+            stats, next_ino, upgrade_record = _read_meta(env, path)
+            return cls(env, path, stats, next_ino, upgrade_record)
 
     def close(self) -> None:
         """Stop serving from this snapshot. Calls already running (and readdir iterators already
@@ -122,7 +138,7 @@ class Snapshot:
             return None
         with self._live_env().begin(db=self._inodes) as txn:
             record = txn.get(INO.pack(ino))
-        return None if record is None else unpack_entry(ino, record)
+        return None if record is None else self._unpack(ino, record)
 
     def lookup(self, parent: int, name: bytes) -> Entry | None:
         if not 0 < parent <= _MAX_KEY_INO or not 0 < len(name) <= MAX_NAME_BYTES:
@@ -145,7 +161,7 @@ class Snapshot:
         env = self._live_env()
         with env.begin(db=self._inodes) as txn:
             if not path:
-                return unpack_entry(ROOT, txn.get(INO.pack(ROOT)))
+                return self._unpack(ROOT, txn.get(INO.pack(ROOT)))
             entry = None
             parent_key = INO.pack(ROOT)
             for part in path.split("/"):
@@ -166,7 +182,7 @@ class Snapshot:
         with env.begin(db=self._inodes) as txn:
             for path in paths:
                 if not path:
-                    entries.append(unpack_entry(ROOT, txn.get(root_key)))
+                    entries.append(self._unpack(ROOT, txn.get(root_key)))
                     continue
                 parent_key, name = self._parent_key(txn, dir_keys, path)
                 entries.append(
@@ -192,7 +208,7 @@ class Snapshot:
         env = self._live_env()
         with env.begin(db=self._inodes) as txn:
             for ino_key, record in txn.cursor():
-                entry = unpack_entry(INO.unpack(ino_key)[0], record)
+                entry = self._unpack(INO.unpack(ino_key)[0], record)
                 if not entry.is_dir:
                     yield entry
 
@@ -242,7 +258,7 @@ class Snapshot:
         child_key = txn.get(parent_key + name, db=self._dirents)
         if child_key is None:
             return None
-        return unpack_entry(INO.unpack(child_key)[0], txn.get(child_key))
+        return self._unpack(INO.unpack(child_key)[0], txn.get(child_key))
 
     def _iter_children(self, env: lmdb.Environment, ino: int, after: int) -> Iterator[Entry]:
         if not 0 < ino <= _MAX_KEY_INO:
@@ -254,7 +270,7 @@ class Snapshot:
                 return
             with env.begin(db=self._inodes) as txn:
                 record = txn.get(INO.pack(after))
-            after_entry = None if record is None else unpack_entry(after, record)
+            after_entry = None if record is None else self._unpack(after, record)
             if after_entry is None or after_entry.parent != ino or after == ROOT:
                 return
             start = prefix + after_entry.name
@@ -283,7 +299,7 @@ class Snapshot:
             for dirent_key, child_key in cursor.iternext():
                 if not dirent_key.startswith(prefix) or len(entries) == limit:
                     break
-                entries.append(unpack_entry(INO.unpack(child_key)[0], txn.get(child_key)))
+                entries.append(self._unpack(INO.unpack(child_key)[0], txn.get(child_key)))
         return entries
 
 
@@ -314,8 +330,11 @@ def _shared_env(path: str) -> lmdb.Environment:
     return env
 
 
-def _read_meta(env: lmdb.Environment, path: str) -> tuple[SnapshotStats, int]:
-    """Check that ``env`` is a complete snapshot of our format; return its stats and next ino."""
+def _read_meta(
+    env: lmdb.Environment, path: str
+) -> tuple[SnapshotStats, int, Callable[[bytes], bytes] | None]:
+    """Check that ``env`` is a complete snapshot of a format we read; return its stats, next
+    ino and record upgrade (records.RECORD_UPGRADES)."""
     try:
         meta_db = env.open_db(META_DB, create=False)
     except lmdb.Error as err:  # NotFoundError, or IncompatibleError for a plain key "meta"
@@ -327,14 +346,15 @@ def _read_meta(env: lmdb.Environment, path: str) -> tuple[SnapshotStats, int]:
         complete = txn.get(META_COMPLETE)
         stats = txn.get(META_STATS)
         next_ino = txn.get(META_NEXT_INO)
-    if version != FORMAT_VERSION:
+    if version not in RECORD_UPGRADES:
+        readable = ", ".join(repr(known) for known in sorted(RECORD_UPGRADES))
         raise SnapshotError(
-            f"snapshot at {path!r} has format {version!r}, this version reads "
-            f"{FORMAT_VERSION!r}; rebuild it"
+            f"snapshot at {path!r} has format {version!r}, this version reads {readable}; "
+            "rebuild it"
         )
     if complete is None or stats is None or next_ino is None:
         raise SnapshotError(
             f"snapshot at {path!r} is incomplete (its build did not finish); delete it and "
             "build a new one"
         )
-    return SnapshotStats.from_json(stats), INO.unpack(next_ino)[0]
+    return SnapshotStats.from_json(stats), INO.unpack(next_ino)[0], RECORD_UPGRADES[version]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from stat import S_ISREG
 from typing import Protocol
 
 from cachefs.protocol import DEFAULT_FIRST_BYTE_TIMEOUT_S, DEFAULT_STORE_TIMEOUT_S
@@ -23,6 +24,21 @@ class ObjectInfo:
     size: int
     etag: str  # opaque version tag (quotes stripped); local store: f"{mtime_ns:x}-{size:x}"
     mtime_ns: int  # last-modified, nanoseconds since the epoch
+    # Local directories only (None from object stores, which have no POSIX owner): the entry's
+    # st_mode (file type and permission bits), owner and group, which the mount keeps. A local
+    # store lists directories as markers ("a/b/", size 0; "" for its root) and also what it
+    # cannot serve (a symlink leading elsewhere, a FIFO, socket or device) with that type, so
+    # the snapshot builder shows empty directories and counts what it skipped.
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+
+def names_a_file(info: ObjectInfo) -> bool:
+    """Whether a listed entry can be a file of the mount: not a directory marker (a key ending
+    in "/", or "" for the prefix itself) nor a local entry of another type (symlink, FIFO…)."""
+    key = info.key
+    return bool(key) and not key.endswith("/") and (info.mode is None or S_ISREG(info.mode))
 
 
 @dataclass(frozen=True, slots=True)

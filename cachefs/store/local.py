@@ -4,10 +4,15 @@ Keys are paths relative to the directory, with "/" separators. Names are ``os.fs
 a name that is not valid UTF-8 reaches the snapshot builder as a surrogate-escaped string (and
 is rejected there, with a count), never as something silently re-encoded.
 
-Symlinks: one that resolves to a regular file inside the directory is listed as that file; any
-other (pointing outside, to a directory — which could loop —, dangling) is skipped and counted
-in :attr:`LocalStore.skipped_symlinks`. Every read re-resolves the path and refuses to leave
-the directory, so a symlink swapped after the listing cannot expose other files.
+The listing carries each entry's mode, uid and gid (``ObjectInfo.mode``), which the mount keeps:
+a file only root may read stays so. Every directory is listed as a marker ("a/b/", and "" for
+the dataset directory itself), so empty directories appear in the mount.
+
+Symlinks: one that resolves to a regular file inside the directory is listed as that file (with
+the target's mode and owner); any other (pointing outside, to a directory — which could loop —,
+dangling) is listed with its own symlink type, as are FIFOs, sockets and devices: the snapshot
+builder skips and counts them. Every read re-resolves the path and refuses to leave the
+directory, so a symlink swapped after the listing cannot expose other files.
 
 ETags are ``f"{mtime_ns:x}-{size:x}"``: a rewrite that changes the size or the mtime is an
 :class:`~cachefs.errors.ObjectChanged`, like an S3 etag mismatch.
@@ -40,11 +45,7 @@ def etag_of(st: os.stat_result) -> str:
 
 
 class LocalStore:
-    """An :class:`~cachefs.store.base.ObjectStore` over a local directory.
-
-    ``skipped_symlinks`` and ``skipped_special`` (sockets, FIFOs, devices) count what the most
-    recent :meth:`list` left out.
-    """
+    """An :class:`~cachefs.store.base.ObjectStore` over a local directory."""
 
     def __init__(self, config: StoreConfig):
         source = parse_uri(config.uri)
@@ -53,22 +54,23 @@ class LocalStore:
         self._root = source.path
         self._dataset = config.dataset
         self.description = str(source)
-        self.skipped_symlinks = 0
-        self.skipped_special = 0
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Depth-first walk in ascending byte order of the keys.
+        """Depth-first walk in ascending byte order of the keys, directory markers included.
 
         Sorting each directory by name alone would be wrong: a directory ``a`` holds keys
         ``a/...``, which sort after a sibling file ``a-b`` ("/" is 0x2F, "-" is 0x2D) but before
-        ``a0``. So a directory is sorted as its name plus "/", which makes the walk yield keys in
-        exactly the order a sort of all full keys would.
+        ``a0``. So a directory is sorted as its name plus "/" — its marker's key, which comes
+        right before everything in it —, and the walk yields keys in exactly the order a sort
+        of all full keys would.
         """
-        self.skipped_symlinks = 0
-        self.skipped_special = 0
         real_root = self._real_root()
         # Start at the deepest directory the prefix names: "train/n01" starts at "train".
         start = prefix.rpartition("/")[0]
+        if prefix in ("", f"{start}/"):  # the prefix is that directory's marker ("" the root's)
+            marker = self._directory_marker(real_root, start)
+            if marker is not None:
+                yield marker
         stack = [iter(self._sorted_children(real_root, start, prefix))]
         while stack:
             child = next(stack[-1], None)
@@ -76,10 +78,10 @@ class LocalStore:
                 stack.pop()
                 continue
             key, info = child
-            if info is None:
-                stack.append(iter(self._sorted_children(real_root, key, prefix)))
-            else:
+            if info is not None:
                 yield info
+            if key.endswith("/"):  # a directory: its marker (if under the prefix), then inside
+                stack.append(iter(self._sorted_children(real_root, key[:-1], prefix)))
 
     def head(self, key: str) -> ObjectInfo:
         path = self._path_of(key)
@@ -131,33 +133,54 @@ class LocalStore:
     def _sorted_children(
         self, real_root: str, rel_dir: str, prefix: str
     ) -> list[tuple[str, ObjectInfo | None]]:
-        """(key, info) for files and (key, None) for subdirectories of ``rel_dir`` that can hold
-        keys starting with ``prefix``, in walk order."""
+        """(key, info) of the entries of ``rel_dir`` that can hold keys starting with
+        ``prefix``, in walk order. A subdirectory's key ends in "/"; its info (its marker) is
+        None when only keys below it start with the prefix."""
         children: list[tuple[bytes, str, ObjectInfo | None]] = []
         for entry in self._scandir(real_root, rel_dir):
             key = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             sort_name = os.fsencode(entry.name)
             if entry.is_dir(follow_symlinks=False):
-                if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
-                    children.append((sort_name + b"/", key, None))
+                marker = key + "/"
+                if marker.startswith(prefix):
+                    info = self._lstat_info(entry, marker)
+                    if info is not None:
+                        children.append((sort_name + b"/", marker, info))
+                elif prefix.startswith(marker):
+                    children.append((sort_name + b"/", marker, None))
             elif not key.startswith(prefix):
                 continue
             elif entry.is_symlink():
                 info = self._followed_symlink(real_root, entry, key)
                 if info is not None:
                     children.append((sort_name, key, info))
-            elif entry.is_file(follow_symlinks=False):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # deleted since the directory was read
-                except OSError as err:
-                    raise self._map_os_error(err, key) from err
-                children.append((sort_name, key, _info(key, st)))
-            else:
-                self.skipped_special += 1
+            else:  # a regular file, or a FIFO, socket or device for the builder to count
+                info = self._lstat_info(entry, key)
+                if info is not None:
+                    children.append((sort_name, key, info))
         children.sort(key=lambda child: child[0])
         return [(key, info) for _, key, info in children]
+
+    def _directory_marker(self, real_root: str, rel_dir: str) -> ObjectInfo | None:
+        """The marker of directory ``rel_dir`` ("" the root), None if it is not a directory."""
+        path = os.path.join(real_root, rel_dir) if rel_dir else real_root
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as err:
+            raise self._map_os_error(err, rel_dir + "/") from err
+        return _info(f"{rel_dir}/" if rel_dir else "", st) if stat.S_ISDIR(st.st_mode) else None
+
+    def _lstat_info(self, entry: os.DirEntry[str], key: str) -> ObjectInfo | None:
+        """The entry as listed (not following a symlink); None if it was deleted meanwhile."""
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            return None  # deleted since the directory was read
+        except OSError as err:
+            raise self._map_os_error(err, key) from err
+        return _info(key, st)
 
     def _scandir(self, real_root: str, rel_dir: str) -> list[os.DirEntry[str]]:
         path = os.path.join(real_root, rel_dir) if rel_dir else real_root
@@ -173,16 +196,15 @@ class LocalStore:
     def _followed_symlink(
         self, real_root: str, entry: os.DirEntry[str], key: str
     ) -> ObjectInfo | None:
-        """The ObjectInfo of a symlink to a regular file inside the root; None (and counted)
-        for any other symlink."""
+        """The ObjectInfo of the target of a symlink to a regular file inside the root; for any
+        other symlink, that of the symlink itself (its type tells the builder to skip it)."""
         target = os.path.realpath(entry.path)
         try:
             st = os.stat(target)
         except OSError:
             st = None
         if st is None or not stat.S_ISREG(st.st_mode) or not _is_inside(real_root, target):
-            self.skipped_symlinks += 1
-            return None
+            return self._lstat_info(entry, key)
         return _info(key, st)
 
     def _path_of(self, key: str) -> str:
@@ -215,7 +237,19 @@ class LocalStore:
 
 
 def _info(key: str, st: os.stat_result) -> ObjectInfo:
-    return ObjectInfo(key=key, size=st.st_size, etag=etag_of(st), mtime_ns=st.st_mtime_ns)
+    """What the listing says of a file (or, with a key ending in "/", of a directory; or of an
+    entry of another type, which the builder skips: see the module docstring)."""
+    if not stat.S_ISREG(st.st_mode):
+        return ObjectInfo(key, 0, "", st.st_mtime_ns, st.st_mode, st.st_uid, st.st_gid)
+    return ObjectInfo(
+        key=key,
+        size=st.st_size,
+        etag=etag_of(st),
+        mtime_ns=st.st_mtime_ns,
+        mode=st.st_mode,
+        uid=st.st_uid,
+        gid=st.st_gid,
+    )
 
 
 def _pread_up_to(fd: int, offset: int, length: int) -> bytes:

@@ -32,6 +32,7 @@ def assert_snapshot_matches(snapshot: Snapshot, model: Model, result: BuildResul
 
     for path, entry in entries.items():
         assert 0 < entry.ino < LOCAL_INO_LIMIT
+        assert entry.owner == model.owner(path), f"{path!r} has the wrong owner"
         assert snapshot.getattr(entry.ino) == entry
         assert snapshot.resolve(path) == entry
         if path:

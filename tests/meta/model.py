@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from cachefs.meta import ROOT, Entry, Snapshot
+from cachefs.meta import ROOT, Entry, Owner, Snapshot
 from cachefs.store.base import ObjectInfo
 
 
@@ -37,6 +37,10 @@ class Model:
     files: dict[str, ObjectInfo] = field(default_factory=dict)  # path -> the object served
     dirs: set[str] = field(default_factory=set)  # directory paths ("" is the root)
     skipped: Counter[str] = field(default_factory=Counter)
+    owners: dict[str, Owner] = field(default_factory=dict)  # path -> what its source recorded
+
+    def owner(self, path: str) -> Owner | None:
+        return self.owners.get(path)
 
     def kind(self, path: str) -> str | None:
         if path in self.dirs:
@@ -60,12 +64,20 @@ class Model:
         return max(times, default=snapshot_ns)
 
 
+def owner_of(info: ObjectInfo) -> Owner | None:
+    return None if info.mode is None else Owner(info.mode & 0o7777, info.uid, info.gid)
+
+
 def build_model(objects: Iterable[ObjectInfo]) -> Model:
+    """What a listing must become. Owners: a file's come with it; a directory's with its marker
+    (the last one, if the listing repeats it), the root's with the marker ""."""
     model = Model(dirs={""})
     first_seen: dict[str, ObjectInfo] = {}
+    marker_owners: dict[str, Owner | None] = {}
     for info in objects:
         key = info.key
         if key == "" and info.size == 0:
+            marker_owners[""] = owner_of(info)
             continue
         reason = model_reason(key)
         if reason is None and key.endswith("/") and info.size:
@@ -79,6 +91,7 @@ def build_model(objects: Iterable[ObjectInfo]) -> Model:
         for i in range(1, depth + 1):
             model.dirs.add("/".join(parts[:i]))
         if key.endswith("/"):
+            marker_owners[path] = owner_of(info)
             continue
         if path in first_seen:
             model.skipped["conflict"] += 1  # same key twice: the first one wins
@@ -89,6 +102,11 @@ def build_model(objects: Iterable[ObjectInfo]) -> Model:
             model.skipped["conflict"] += 1  # the directory wins
         else:
             model.files[path] = info
+            if info.mode is not None:
+                model.owners[path] = owner_of(info)
+    for path, owner in marker_owners.items():
+        if owner is not None and path in model.dirs:
+            model.owners[path] = owner
     return model
 
 

@@ -5,7 +5,9 @@ and resumption from every position, stats), sorted and unsorted, and refreshes a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 
@@ -60,14 +62,38 @@ def listings(
     rare_key = st.sampled_from([*extra_keys, ""])
     key = st.integers(0, 19).flatmap(lambda n: rare_key if n == 0 else keys(components))
     objects = st.builds(
-        ObjectInfo,
-        key=key,
-        size=st.integers(0, 3),  # markers with size 0 and with content
-        etag=st.sampled_from(["e1", "e2", ""]),
-        mtime_ns=st.integers(0, 10**12),
+        with_owner,
+        st.builds(
+            ObjectInfo,
+            key=key,
+            size=st.integers(0, 3),  # markers with size 0 and with content
+            etag=st.sampled_from(["e1", "e2", ""]),
+            mtime_ns=st.integers(0, 10**12),
+        ),
+        OWNERS,
     )
     count = draw(st.integers(0, 60))
     return draw(st.lists(objects, min_size=count, max_size=count))
+
+
+# What a local directory's listing records: none (an object store), or a mode and owner.
+OWNERS = st.one_of(
+    st.none(),
+    st.tuples(
+        st.sampled_from([0o644, 0o600, 0o755, 0o000, 0o4755, 0o1777]),
+        st.sampled_from([0, 1000, 65534, (1 << 32) - 2]),
+        st.sampled_from([0, 100, (1 << 32) - 2]),
+    ),
+)
+
+
+def with_owner(info: ObjectInfo, owner: tuple[int, int, int] | None) -> ObjectInfo:
+    """``info`` with a local listing's mode (of the file type its key says), uid and gid."""
+    if owner is None:
+        return info
+    perm, uid, gid = owner
+    file_type = stat.S_IFDIR if not info.key or info.key.endswith("/") else stat.S_IFREG
+    return dataclasses.replace(info, mode=file_type | perm, uid=uid, gid=gid)
 
 
 def in_key_order(objects: list[ObjectInfo]) -> list[ObjectInfo]:
@@ -115,19 +141,21 @@ REFRESH_COMPONENTS = ["a", "b", "a.b", "c"]
 
 @st.composite
 def refreshed(draw: st.DrawFn, old_objects: list[ObjectInfo]) -> list[ObjectInfo]:
-    """The next listing: each old object kept, dropped or given a new etag or size, plus new
-    objects."""
+    """The next listing: each old object kept, dropped or given a new etag, size or owner,
+    plus new objects."""
     new_objects = []
     for info in old_objects:
-        change = draw(st.sampled_from(["keep", "keep", "drop", "etag", "size", "mtime"]))
+        change = draw(st.sampled_from(["keep", "keep", "drop", "etag", "size", "mtime", "owner"]))
         if change == "drop":
             continue
         if change == "etag":
-            info = ObjectInfo(info.key, info.size, info.etag + "'", info.mtime_ns)
+            info = dataclasses.replace(info, etag=info.etag + "'")
         elif change == "size":
-            info = ObjectInfo(info.key, info.size + 1, info.etag, info.mtime_ns)
+            info = dataclasses.replace(info, size=info.size + 1)
         elif change == "mtime":
-            info = ObjectInfo(info.key, info.size, info.etag, info.mtime_ns + 1)  # not a change
+            info = dataclasses.replace(info, mtime_ns=info.mtime_ns + 1)  # not a change
+        elif change == "owner":
+            info = with_owner(dataclasses.replace(info, mode=None), draw(OWNERS))
         new_objects.append(info)
     return new_objects + draw(listings(REFRESH_COMPONENTS))
 
@@ -179,6 +207,8 @@ def assert_refresh(
                 old_info, new_info = old_model.files[path], new_model.files[path]
                 if (old_info.size, old_info.etag) != (new_info.size, new_info.etag):
                     expected_changed.add(entry.ino)
+            if old_model.owner(path) != new_model.owner(path):  # the kernel caches attributes
+                expected_changed.add(entry.ino)
         else:
             assert entry.ino not in old_inos, f"new path {path!r} reuses an old inode"
     assert sorted(result.changed_inos) == sorted(expected_changed)

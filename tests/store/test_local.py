@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 import pytest
 
@@ -27,18 +28,29 @@ def local_store(root) -> LocalStore:
     return LocalStore(StoreConfig(uri=f"file://{root}", dataset="ds"))
 
 
+def file_keys(listed) -> list[str]:
+    """The keys of the regular files of a listing (directory markers and the entries the
+    snapshot builder skips carry other file types)."""
+    return [info.key for info in listed if stat.S_ISREG(info.mode)]
+
+
 def test_list_yields_every_file_in_utf8_byte_order(tmp_path):
     # "a-b" < "a/x" < "a0" in byte order ("-" 0x2D < "/" 0x2F < "0" 0x30): a per-directory
     # sort by name alone would put the directory "a" first.
     keys = ["a-b", "a/x", "a/y/z", "a0", "b", "é", "\uff21", "\U0001f600", "dir/sub/deep.bin"]
     make_tree(tmp_path, {key: key.encode() for key in keys})
     (tmp_path / "empty-dir").mkdir()
+    markers = ["", "a/", "a/y/", "dir/", "dir/sub/", "empty-dir/"]  # every directory, root first
 
     listed = list(local_store(tmp_path).list())
 
-    assert [info.key for info in listed] == sorted(keys, key=lambda key: key.encode())
+    assert [info.key for info in listed] == sorted(keys + markers, key=lambda key: key.encode())
     for info in listed:
         st = os.stat(tmp_path / info.key)
+        assert (info.mode, info.uid, info.gid) == (st.st_mode, st.st_uid, st.st_gid)
+        if info.key in markers:
+            assert stat.S_ISDIR(info.mode) and (info.size, info.etag) == (0, "")
+            continue
         assert (info.size, info.mtime_ns) == (st.st_size, st.st_mtime_ns)
         assert info.etag == f"{st.st_mtime_ns:x}-{st.st_size:x}"
 
@@ -47,12 +59,13 @@ def test_list_with_a_prefix(tmp_path):
     make_tree(tmp_path, {k: b"x" for k in ["train/a", "train/b", "trainx", "val/c", "t"]})
     store = local_store(tmp_path)
 
-    assert [i.key for i in store.list("train/")] == ["train/a", "train/b"]
-    assert [i.key for i in store.list("train")] == ["train/a", "train/b", "trainx"]
+    assert [i.key for i in store.list("train/")] == ["train/", "train/a", "train/b"]
+    assert [i.key for i in store.list("train")] == ["train/", "train/a", "train/b", "trainx"]
+    assert [i.key for i in store.list("train/b")] == ["train/b"]
     assert [i.key for i in store.list("nothing/here/")] == []
 
 
-def test_symlinks_inside_are_followed_outside_and_to_directories_skipped(tmp_path):
+def test_symlinks_inside_are_followed_others_listed_as_symlinks_for_the_builder(tmp_path):
     root, outside = tmp_path / "root", tmp_path / "outside"
     make_tree(root, {"real.txt": b"real", "sub/file": b"sub"})
     make_tree(outside, {"secret.txt": b"not yours"})
@@ -65,9 +78,12 @@ def test_symlinks_inside_are_followed_outside_and_to_directories_skipped(tmp_pat
 
     listed = {info.key: info for info in store.list()}
 
-    assert sorted(listed) == ["inside-link", "real.txt", "sub/file"]
+    assert file_keys(listed.values()) == ["inside-link", "real.txt", "sub/file"]
     assert listed["inside-link"].size == 4
-    assert store.skipped_symlinks == 4
+    assert listed["inside-link"].mode == os.stat(root / "real.txt").st_mode  # the target's
+    symlinks = [key for key, info in listed.items() if stat.S_ISLNK(info.mode)]
+    assert symlinks == ["dangling", "dir-link", "loop", "outside-link"]
+    assert all(listed[key].size == 0 for key in symlinks)
     assert store.get_range("inside-link", 0, 4) == b"real"
     with pytest.raises(ObjectNotFound, match="outside the dataset directory"):
         store.get_range("outside-link", 0, 4)
@@ -80,8 +96,9 @@ def test_special_files_are_skipped_counted_and_never_opened_blocking(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     store = local_store(tmp_path)
 
-    assert [i.key for i in store.list()] == ["f"]
-    assert store.skipped_special == 1
+    listed = {info.key: info for info in store.list()}
+    assert file_keys(listed.values()) == ["f"]
+    assert stat.S_ISFIFO(listed["fifo"].mode)
     with pytest.raises(ObjectNotFound, match="not a regular file"):
         store.get_range("fifo", 0, 1)  # would block forever on a blocking open
 
@@ -92,7 +109,7 @@ def test_undecodable_names_are_listed_surrogate_escaped_and_readable(tmp_path):
         file.write(b"bytes")
     store = local_store(tmp_path)
 
-    [info] = list(store.list())
+    [_root, info] = list(store.list())
 
     assert info.key == os.fsdecode(raw_name)
     assert "\udcff" in info.key  # the snapshot builder rejects such keys; the store just reports
@@ -167,6 +184,6 @@ def test_keys_that_could_escape_the_root_are_refused(tmp_path, key):
 def test_etag_of_matches_the_listing(tmp_path):
     make_tree(tmp_path, {"f": b"12345"})
 
-    [info] = list(local_store(tmp_path).list())
+    [_root, info] = list(local_store(tmp_path).list())
 
     assert info.etag == etag_of(os.stat(tmp_path / "f"))
