@@ -177,8 +177,8 @@ class Worker(WorkerAPI):
                 try:
                     self._open_state()
                 except OSError as exc:  # a tier or state path that cannot be used
-                    where = f" {exc.filename}" if exc.filename else ""
-                    raise ConfigError(f"cannot open the cache{where}: {exc.strerror}") from None
+                    what = exc.filename or "the worker's state"
+                    raise ConfigError(f"cannot open {what}: {exc.strerror}") from None
                 await self._serve(mount_path, listeners, status)
             finally:
                 self._close_state()  # what was opened, also after a failed open

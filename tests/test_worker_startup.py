@@ -180,6 +180,21 @@ def test_a_bad_state_directory_is_one_line(tmp_path):
     assert "too long a path for its control socket" in line
 
 
+def test_a_start_failing_after_the_tiers_were_made_removes_them(tmp_path):
+    """The RAM tier directory is created when the cache opens; what fails after that (here:
+    the snapshots directory of the state is a file) removes it again."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "snapshots").write_text("not a directory")
+    ssd = tmp_path / "ssd"
+    line = _refused(
+        "--state", str(state), "up", "--mount", str(tmp_path / "mnt"), "--ssd", f"{ssd}:64MiB"
+    )
+    assert line == f"cachefs: error: cannot open {state}/snapshots: File exists"
+    _nothing_left(tmp_path, str(tmp_path / "mnt"))
+    assert not ssd.exists()
+
+
 def test_tiers_larger_than_the_machine_are_refused(tmp_path):
     mount = str(tmp_path / "mnt")
     line = _refused("--state", str(tmp_path / "state"), "up", "--mount", mount, "--ram", "4096TiB")
