@@ -161,8 +161,9 @@ class HedgedReads:
 
     How an abandoned try ends: it is a blocking SDK call on a pool thread and cannot be
     interrupted, so its own timeouts end it — the connect and read timeouts the store gives
-    its SDK client (``attempt_timeout_s``) end a silent or stalled one, and a body that still
-    flows stops at its next chunk (:meth:`Attempt.check_abandoned`). Its outcome is dropped.
+    its SDK client (``attempt_timeout_s``) end a silent or stalled one; one whose headers come
+    after it lost stops before its body (:meth:`Attempt.check_abandoned`), one already reading
+    its body ends with it (a block at most). Its outcome is dropped.
     :meth:`close` lets the pool's threads go once their tries have ended; :attr:`in_flight`
     counts tries not ended yet, abandoned ones included.
     """
@@ -285,7 +286,10 @@ class _OneRead:
             self.launch_at = None
             self.tries += 1
             attempt = Attempt(self.tries, self.events)
-            self.reads._launch(self.read, attempt, self.events)
+            try:
+                self.reads._launch(self.read, attempt, self.events)
+            except RuntimeError:  # its pool is shut down: a read racing the dataset's removal
+                raise self.stalled("the store was closed") from None
             self.live.append(_Live(attempt))
 
     def _abandon_stalled(self, now: float) -> None:
@@ -371,23 +375,31 @@ def _silent_for(try_: _Live, now: float) -> float:
 
 
 def check_body_length(body: bytes, expected: int, *, key: str, store: str, dataset: str) -> bytes:
-    """Return ``body`` if it is exactly ``expected`` bytes long, else raise.
+    """Return ``body`` if it is exactly ``expected`` bytes long, else raise
+    :func:`body_length_error`."""
+    if len(body) == expected:
+        return body
+    raise body_length_error(len(body), expected, key=key, store=store, dataset=dataset)
+
+
+def body_length_error(
+    received: int, expected: int, *, key: str, store: str, dataset: str
+) -> StoreError:
+    """The error for a body of ``received`` bytes where ``expected`` were asked for.
 
     Short: :class:`ShortBody` (retried). Long: :class:`StoreIOError` at once — the store sent
     more than the range asked for (it ignored the Range header), and guessing which part is
     ours could serve wrong bytes.
     """
-    if len(body) == expected:
-        return body
-    if len(body) < expected:
-        raise ShortBody(
-            f"the store sent {len(body)} of the {expected} bytes asked for (body cut short)",
+    if received < expected:
+        return ShortBody(
+            f"the store sent {received} of the {expected} bytes asked for (body cut short)",
             dataset=dataset,
             key=key,
             store=store,
         )
-    raise StoreIOError(
-        f"the store sent {len(body)} bytes where {expected} were asked for "
+    return StoreIOError(
+        f"the store sent {received} bytes where {expected} were asked for "
         "(did it ignore the Range header?)",
         dataset=dataset,
         key=key,

@@ -44,6 +44,7 @@ from cachefs.store.retry import (
     Attempt,
     HedgedReads,
     ShortBody,
+    body_length_error,
     call_with_retries,
     check_body_length,
     network_failure_reason,
@@ -56,8 +57,6 @@ T = TypeVar("T")
 POOL_CONNECTIONS = ATTEMPT_THREADS
 #: HTTP connections kept for listings (one listing runs at a time per dataset).
 LIST_POOL_CONNECTIONS = 2
-#: A read's body is taken in chunks this big; a try that lost stops at the next one.
-BODY_CHUNK = 1 << 20
 #: S3's own maximum page size for ListObjectsV2.
 MAX_PAGE_SIZE = 1000
 
@@ -200,22 +199,24 @@ class S3Store:
     def _get_body(
         self, key: str, request: dict[str, Any], etag: str | None, length: int, attempt: Attempt
     ) -> bytes:
-        """One try of a ranged GET: the body, read in chunks (at most one more than asked for,
-        so that a store ignoring the Range header cannot make us swallow a whole object)."""
+        """One try of a ranged GET. The body is read in one call (no copies beyond the
+        socket's): a try that lost while it waited for its headers stops before it, one that
+        lost while reading ends with that block, or at its read timeout if the body stalls."""
         response = self._client.get_object(**request)
         attempt.first_byte()
         body = response["Body"]  # not "with": StreamingBody.__enter__ returns the raw stream
         try:
+            attempt.check_abandoned()  # close() below drops the connection, body unread
             # A store that ignores If-Match must still not hand us another version's bytes.
             returned_etag = response.get("ETag")
             if etag is not None and returned_etag is not None and returned_etag.strip('"') != etag:
                 raise self._error(ObjectChanged, _CHANGED, key)
-            chunks, received = [], 0
-            while received <= length and (chunk := body.read(BODY_CHUNK)):
-                attempt.check_abandoned()  # a try that lost stops here; close() drops it
-                chunks.append(chunk)
-                received += len(chunk)
-            return b"".join(chunks)
+            announced = response.get("ContentLength", 0)
+            if announced > length:  # it ignored the Range header: never swallow a whole object
+                raise body_length_error(
+                    announced, length, key=key, store=self.description, dataset=self._dataset
+                )
+            return body.read()
         except (
             botocore.exceptions.IncompleteReadError,
             botocore.exceptions.ResponseStreamingError,

@@ -8,11 +8,12 @@ Put it between the code under test and a real upstream (moto, the fake OSS serve
 - **inject faults** by rule, each for the next ``n`` matching requests or until cleared:
   an HTTP error with an S3/OSS-style XML body (``fail_next``, ``fail_matching``), a TCP reset
   (``reset_next``), a delay (``delay_next``), a body cut short (``truncate_next``), no
-  answer at all (``blackhole``), or a *stall* — a pause before the response or in the middle of
-  its body, after which the answer goes on byte-exactly — for the next ``n`` requests
-  (``stall_next``) or for a random fraction of them (``stall_fraction``; :attr:`stalled`
-  counts the stalls); a request takes the first matching rule, in the order the rules were
-  added (a fractional rule a request does not draw passes it on to the next);
+  answer at all (``blackhole``), a ``Range`` header dropped (``ignore_range_next``), or a
+  *stall* — a pause before the response or in the middle of its body, after which the answer
+  goes on byte-exactly — for the next ``n`` requests (``stall_next``) or for a random fraction
+  of them (``stall_fraction``; :attr:`stalled` counts the stalls); a request takes the first
+  matching rule, in the order the rules were added (a fractional rule a request does not draw
+  passes it on to the next);
 - **stop and restart** on the same port (``stop()``/``start()``): the "store went away" case;
 - **model a slow store** for benchmarks: ``first_byte_delay_s`` before every response and
   ``bandwidth_bytes_per_s`` per connection.
@@ -80,7 +81,7 @@ class FaultRule:
     ``remaining`` is how many more requests it applies to (None: until cleared).
     """
 
-    action: str  # "status" | "reset" | "delay" | "truncate" | "blackhole" | "stall"
+    action: str  # "status" | "reset" | "delay" | "truncate" | "blackhole" | "stall" | "no_range"
     method: str | None = None
     path_contains: str | None = None
     remaining: int | None = None
@@ -267,6 +268,13 @@ class FaultProxy:
         a transfer that dies midway."""
         self._add(FaultRule("truncate", method, path_contains, n, keep_bytes=keep_bytes))
 
+    def ignore_range_next(
+        self, n: int = 1, *, method: str | None = "GET", path_contains: str | None = None
+    ) -> None:
+        """Forward the next ``n`` matching requests without their ``Range`` header, as a store
+        that ignores it would: the whole object comes back (with 200)."""
+        self._add(FaultRule("no_range", method, path_contains, n))
+
     def stall_next(
         self,
         n: int,
@@ -423,6 +431,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if delay_s > 0 and self.proxy._stopping.wait(delay_s):
             self.close_connection = True  # stopped while waiting
             return
+        if action == "no_range":
+            del self.headers["Range"]
         stall = None
         if action == "stall":
             if rule.stall_after_bytes is None:

@@ -225,6 +225,17 @@ def test_a_body_always_cut_short_is_an_io_error(oss_server, oss_env):
             store.get_range("f", 0, 5000)
 
 
+def test_a_store_ignoring_the_range_header_is_an_io_error_at_once(oss_server, oss_env):
+    oss_server.put("bkt", "ds/f", DATA)
+    with FaultProxy(oss_server.endpoint) as proxy:
+        proxy.ignore_range_next(1)
+        store = make_store(proxy.url, "oss://bkt/ds")
+
+        with pytest.raises(StoreIOError, match="ignore the Range header"):
+            store.get_range("f", 0, 100)
+        assert proxy.count("GET") == 1
+
+
 def test_connection_refused_is_store_unavailable(oss_env):
     store = make_store(f"http://127.0.0.1:{free_port()}", "oss://bkt/ds")
 

@@ -337,9 +337,9 @@ def test_a_body_short_once_is_retried(hedged):
     assert call(reads, tries) == b"abc"
 
 
-def test_a_closed_pool_refuses_new_reads(hedged):
+def test_a_closed_pool_refuses_new_reads_in_one_line(hedged):
     reads = hedged()
     reads.close()
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(StoreUnavailable, match=r"key 'k': the store was closed$"):
         call(reads, ScriptedTries(lambda number, attempt: b"x"))
