@@ -449,13 +449,16 @@ def cmd_job_submit(args) -> int:
             candidates=_names(args.candidates) or None,
             lease_s=lease_s,
         )
-        if not args.json:
-            print(_job_line(job), flush=True)  # shown before a --wait, also through a pipe
-            if args.explain:
-                for row in job["ranking"]:
-                    print(f"  {row['node']:<16} {row['why']}")
-        if args.wait and job["state"] == "suspended":
-            with _waiting(_still_queued(job)):
+        waits = args.wait and job["state"] == "suspended"
+        # The job exists from here on: a Ctrl-C, even before the wait begins, stops only the
+        # waiting and says that the job stays queued.
+        with _waiting(_still_queued(job)) if waits else contextlib.nullcontext():
+            if not args.json:
+                print(_job_line(job), flush=True)  # shown before a --wait, also through a pipe
+                if args.explain:
+                    for row in job["ranking"]:
+                        print(f"  {row['node']:<16} {row['why']}")
+            if waits:
                 job = _wait_for_promotion(client, job, quiet=args.json)
     if args.json:
         print(json.dumps(job, indent=2))
