@@ -5,7 +5,9 @@ has one owner (rendezvous over the copy's live nodes). ``nodes = None`` means "e
 node" — the default first copy, which grows with the cluster. Clone adds copies on other nodes;
 scaling changes a copy's node set. While a copy is being filled (a clone, or the nodes a scale
 added) it names the nodes that held the data before, so its owners copy blocks from those
-peers instead of the object store.
+peers instead of the object store. After a scale's fill the nodes that handed shards off drop
+them — only those their new owner holds (:func:`split_handed_off`, the hand-off invariant);
+the others wait in ``handed_off`` until it does.
 
 The functions at the bottom are pure: given locality numbers they choose and rank; the
 :class:`~coordinator.manager.CacheManager` supplies the numbers and records the outcome.
@@ -25,11 +27,20 @@ class FillState:
     """A copy being filled from peers: a clone from its source copy, or a scaled copy from its
     previous node set (the hand-off)."""
 
-    id: str  # unique per dataset ("B-3"): workers run each fill once and report against it
+    # Numbered per dataset ("B-3"), so only (dataset, copy, id) names a fill: every dataset
+    # scaled once has an "A-1". Workers report against all three, and the coordinator matches
+    # all three.
+    id: str
     sources: list[str]  # the nodes that held the data; their shard owners serve the blocks
     leaving: list[str]  # nodes the scale removed: freed once the hand-off is done
     reason: str
     started_at: float
+
+    @property
+    def hands_off(self) -> bool:
+        """A scale's fill (the previous nodes drop what moved), not a clone's (the source copy
+        keeps everything)."""
+        return not self.reason.startswith("clone")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -43,6 +54,9 @@ class CopyState:
     fill: FillState | None = None
     last_used_at: float = 0.0  # last job placed on or released from the copy
     freed_at: float | None = None  # when ttl cleanup freed it (no use since)
+    # node -> shards it handed off within this copy and still holds, kept until their owner
+    # here holds them (then trimmed); see split_handed_off.
+    handed_off: dict[str, list[int]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -52,6 +66,7 @@ class CopyState:
             "fill": self.fill.to_json() if self.fill else None,
             "last_used_at": self.last_used_at,
             "freed_at": self.freed_at,
+            "handed_off": self.handed_off,
         }
 
     @classmethod
@@ -66,7 +81,43 @@ class CopyState:
             fill=FillState(**fill) if fill else None,
             last_used_at=data.get("last_used_at", 0.0),
             freed_at=data.get("freed_at"),
+            handed_off=data.get("handed_off", {}),
         )
+
+
+def split_handed_off(
+    node: str,
+    held: Mapping[int, int],
+    owned: set[int],
+    owners: Mapping[int, str | None],
+    owner_holds: Mapping[str, Mapping[int, int]],
+) -> tuple[set[int], set[int]]:
+    """**The hand-off invariant: a node drops a shard only once another node holds it.**
+
+    For one ``node`` that held data of a copy before a hand-off: ``held`` is its bytes per
+    shard (its heartbeat), ``owned`` the shards it owns now in its own copy (never dropped),
+    ``owners`` each shard's owner in the copy now (live nodes), ``owner_holds`` those owners'
+    cached bytes per shard (their heartbeats). Returns (``trim``, ``wait``): the shards it holds
+    and does not own whose owner holds at least as many bytes of them (safe to drop: the copy
+    keeps every block, and readers already go to that owner), and the others, which it keeps.
+
+    Counting bytes, not "the fill said done", is what makes this hold whatever went wrong:
+    a fill that never ran (the bug where fill ids repeated across datasets), a block that
+    failed to copy, an owner that evicted what it copied, or a trim from an earlier hand-off
+    still queued when the next scale starts. A kept shard costs only cache space: it is
+    trimmed once its owner holds it (read through, preloaded) and freed by cleanup.
+    """
+    trim: set[int] = set()
+    wait: set[int] = set()
+    for shard, nbytes in held.items():
+        if nbytes <= 0 or shard in owned:
+            continue
+        owner = owners[shard]
+        if owner not in (None, node) and owner_holds.get(owner, {}).get(shard, 0) >= nbytes:
+            trim.add(shard)
+        else:
+            wait.add(shard)
+    return trim, wait
 
 
 def next_copy_id(existing: Iterable[str]) -> str:

@@ -17,6 +17,18 @@
   moves only the shards whose owner changed, and the new owners copy those from the previous
   owners (a hand-off, like a clone's fill) before the old nodes drop what they no longer own.
 
+**The hand-off invariant: a node drops a shard it handed off only once another node holds it.**
+A fill is named by (dataset, copy, id) in the view, in the workers' reports and here; a fill
+ends when every live node of the copy reported it done (or it timed out). Then, for every node
+that held data of the copy before (its previous nodes, the nodes leaving it, and nodes still
+waiting from an earlier hand-off), :meth:`CacheManager._settle_hand_off` compares heartbeats:
+a shard the node holds and no longer owns is trimmed (a ``trim`` task naming the shards) only
+if the shard's owner in the copy now reports at least as many bytes of it
+(:func:`~coordinator.copies.split_handed_off`); the others wait in the copy's ``handed_off``
+and are judged again on every tick. A scale folds the trims still pending for the copy back
+into ``handed_off``, so a trim decided before a scale is never carried out after it; a worker
+also never trims a shard it owns under its current view (:mod:`cachefs.cluster.tasks`).
+
 Everything runs under the :class:`~coordinator.cluster.Cluster`'s lock and writes through to
 its state store before answering. Lease renewals are kept in memory: a restarted coordinator
 gives every job one full lease to renew.
@@ -42,6 +54,7 @@ from .copies import (
     clone_nodes,
     next_copy_id,
     rank_nodes,
+    split_handed_off,
 )
 
 if TYPE_CHECKING:
@@ -102,10 +115,12 @@ class Task:
 
     id: str
     node: str
-    kind: str  # "free": drop the dataset's blocks; "trim": drop the shards it does not own
+    kind: str  # "free": drop the dataset's blocks; "trim": drop the listed shards
     dataset: str
     reason: str
     created_at: float
+    copy: str | None = None  # trim: the copy whose hand-off it ends
+    shards: list[int] | None = None  # trim: the shards the node may drop (their owner holds them)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -141,7 +156,10 @@ class CacheManager:
             (json.loads(value) for _key, value in self.store.list("events/")), maxlen=EVENTS_KEPT
         )
         # Soft state, rebuilt from heartbeats.
-        self._fill_reports: dict[tuple[str, str], dict] = {}  # (dataset, node) -> fills report
+        # node -> {(dataset, copy, fill id): its latest report}; a fill's reports are dropped
+        # when it ends and a dataset's when it is removed (a re-added dataset numbers its fills
+        # from 1 again).
+        self._fill_reports: dict[str, dict[tuple[str, str, str], dict]] = {}
         self._lru_freed: dict[tuple[str, str], float] = {}  # (node, dataset) -> when
         self.freed_bytes: dict[tuple[str, str], int] = {}  # (dataset, task kind) -> bytes
         #: Bumped whenever a job changes: long-polls compare it instead of taking the lock.
@@ -195,6 +213,10 @@ class CacheManager:
             self._save_job(job)
             self._event("job", dataset, job.copy, f"job {job.id}: {job.explanation}", job=job.id)
             return self.job_doc(job)
+
+    def _is_up(self, node: str, now: float) -> bool:
+        state = self.cluster.nodes.get(node)
+        return state is not None and self.cluster.is_up(state, now)
 
     def _candidates(self, candidates: list[str] | None) -> list[str]:
         """S2: the candidates that are live workers (names the coordinator does not know, or
@@ -399,8 +421,20 @@ class CacheManager:
         return job
 
     def job_doc(self, job: Job) -> dict:
+        """The job as the API shows it. ``nodes`` are the placed nodes that are up now: one that
+        went down is listed under ``down_nodes`` instead (it is back in ``nodes`` once it is up
+        again), so a job never points its owner at a dead node."""
         now = self._clock()
         doc = job.to_json()
+        down = [node for node in job.nodes if not self._is_up(node, now)]
+        doc["nodes"] = [node for node in job.nodes if node not in down]
+        doc["down_nodes"] = down
+        if down:
+            doc["explanation"] += f" ({', '.join(down)} down now)"
+            doc["ranking"] = [
+                {**row, "why": row["why"] + " (down now)"} if row["node"] in down else row
+                for row in job.ranking
+            ]
         if job.state == "suspended":
             queue = self._queue(job.dataset)
             doc["position"] = next(i for i, j in enumerate(queue, 1) if j.id == job.id)
@@ -472,6 +506,7 @@ class CacheManager:
                 reason=f"scale: +{','.join(added) or '-'} -{','.join(removed) or '-'}",
                 started_at=now,
             )
+            self._fold_pending_trims(dataset, copy_id, copy)
             self.cluster._save_dataset(state)
             self._cancel_tasks(dataset, added)
             self._event(
@@ -490,8 +525,8 @@ class CacheManager:
                 if fill is None:
                     continue
                 live = self.cluster.live_copy_nodes(name, copy_id)
-                reports = [self._fill_reports.get((name, node)) for node in live]
-                done = all(r and r.get("id") == fill.id and r.get("done") for r in reports)
+                reports = [self._fill_report(node, name, copy_id, fill.id) for node in live]
+                done = all(r and r.get("done") for r in reports)
                 timed_out = now - fill.started_at > self.fill_timeout_s
                 if not (done or timed_out):
                     continue
@@ -499,20 +534,120 @@ class CacheManager:
                 absent = sum(r.get("absent_blocks", 0) for r in reports if r)
                 failed = sum(r.get("failed_blocks", 0) for r in reports if r)
                 copy.fill = None
-                self.cluster._save_dataset(state)
-                if not fill.reason.startswith("clone"):
-                    # The previous owners drop the shards they handed off; nodes that left the
-                    # copy own nothing of it any more and drop everything (but their reserve).
-                    for node in sorted(set(fill.sources) | set(fill.leaving)):
-                        self._add_task(node, "trim", name, f"hand-off {fill.id} finished")
+                for node_reports in self._fill_reports.values():
+                    node_reports.pop((name, copy_id, fill.id), None)
                 outcome = "timed out" if not done else "done"
-                self._event(
-                    "fill", name, copy_id,
-                    f"fill {fill.id} of copy {copy_id} ({fill.reason}) {outcome}: "
-                    f"{copied} bytes copied from peers, {absent} blocks the sources did not "
-                    f"hold, {failed} failed", copied_bytes=copied, absent_blocks=absent,
-                    failed_blocks=failed,
+                message = (
+                    f"fill {fill.id} of copy {copy_id} ({fill.reason}) {outcome}: {copied} bytes "
+                    f"copied from peers, {absent} blocks the sources did not hold, {failed} failed"
+                )
+                details = {"copied_bytes": copied, "absent_blocks": absent, "failed_blocks": failed}
+                if fill.hands_off:
+                    # The invariant (module docstring): the nodes that held the copy's data drop
+                    # only the shards their new owner holds; the rest wait in ``handed_off``.
+                    holders = set(fill.sources) | set(fill.leaving) | set(copy.handed_off)
+                    trimmed, kept = self._settle_hand_off(
+                        name, copy_id, copy, holders, None, f"hand-off {fill.id} finished"
+                    )
+                    message += f"; {trimmed} shards dropped by the nodes that handed them off"
+                    if kept:
+                        message += f", {kept} kept until their new owner holds them"
+                    details.update(trimmed_shards=trimmed, kept_shards=kept)
+                self.cluster._save_dataset(state)
+                self._event("fill", name, copy_id, message, **details)
+
+    def _fill_report(self, node: str, dataset: str, copy_id: str, fill_id: str) -> dict | None:
+        """``node``'s latest report of the fill (dataset, copy, id), or None."""
+        return self._fill_reports.get(node, {}).get((dataset, copy_id, fill_id))
+
+    # --- the hand-off invariant ----------------------------------------------------------------
+
+    def _shard_bytes(self, node: str, dataset: str) -> dict[int, int]:
+        """``node``'s cached bytes of ``dataset`` per shard, as of its latest heartbeat."""
+        state = self.cluster.nodes.get(node)
+        report = state.datasets.get(dataset) if state is not None else None
+        shards = (report or {}).get("shards") or {}
+        return {int(shard): nbytes for shard, nbytes in shards.items()}
+
+    def _owned_among(self, dataset: str, node: str, shards: set[int]) -> set[int]:
+        """Those of ``shards`` that ``node`` owns in its own copy of ``dataset`` now (none when
+        it is in no copy, or down)."""
+        for copy_id in self.cluster.datasets[dataset].copies:
+            if node in self.cluster.copy_nodes(dataset, copy_id):
+                live = self.cluster.live_copy_nodes(dataset, copy_id)
+                return {shard for shard in shards if shard_owner(dataset, shard, live) == node}
+        return set()
+
+    def _settle_hand_off(
+        self,
+        dataset: str,
+        copy_id: str,
+        copy: CopyState,
+        nodes: set[str],
+        only: dict[str, list[int]] | None,
+        reason: str,
+    ) -> tuple[int, int]:
+        """Apply the hand-off invariant to ``nodes`` (every shard they hold, or ``only`` those
+        listed per node): a ``trim`` task for the shards whose owner in the copy holds them, the
+        others recorded in ``copy.handed_off``. Returns (shards trimmed, shards kept). The
+        caller saves the dataset."""
+        live = self.cluster.live_copy_nodes(dataset, copy_id)
+        trimmed = kept = 0
+        for node in sorted(nodes):
+            held = self._shard_bytes(node, dataset)
+            if only is not None:
+                listed = set(only.get(node, ()))
+                held = {shard: nbytes for shard, nbytes in held.items() if shard in listed}
+            owners = {shard: shard_owner(dataset, shard, live) for shard in held}
+            owner_holds = {
+                owner: self._shard_bytes(owner, dataset)
+                for owner in set(owners.values())
+                if owner is not None
+            }
+            owned = self._owned_among(dataset, node, set(held))
+            trim, wait = split_handed_off(node, held, owned, owners, owner_holds)
+            if trim:
+                self._add_task(node, "trim", dataset, reason, copy=copy_id, shards=sorted(trim))
+            if wait:
+                copy.handed_off[node] = sorted(wait)
+            else:
+                copy.handed_off.pop(node, None)
+            trimmed, kept = trimmed + len(trim), kept + len(wait)
+        return trimmed, kept
+
+    def _settle_waiting_hand_offs(self) -> None:
+        """Judge again the shards kept after a hand-off (their owner may hold them now: read
+        through, preloaded). Not while the copy is filling: that fill's end judges them."""
+        for name, state in self.cluster.datasets.items():
+            for copy_id, copy in state.copies.items():
+                if copy.fill is not None or not copy.handed_off:
+                    continue
+                before = dict(copy.handed_off)
+                waiting = set(before)
+                trimmed, _ = self._settle_hand_off(
+                    name, copy_id, copy, waiting, before, "shards handed off earlier: "
+                    f"their owner in copy {copy_id} holds them now",
                 )  # fmt: skip
+                if copy.handed_off != before:
+                    self.cluster._save_dataset(state)
+                if trimmed:
+                    self._event(
+                        "trim", name, copy_id,
+                        f"{trimmed} shards of copy {copy_id} handed off earlier are dropped by "
+                        f"{', '.join(sorted(waiting))}: their owner holds them now",
+                        trimmed_shards=trimmed,
+                    )  # fmt: skip
+
+    def _fold_pending_trims(self, dataset: str, copy_id: str, copy: CopyState) -> None:
+        """A scale starts: trims of the copy not yet acknowledged were decided under the old
+        membership. They go back to ``handed_off``, judged again when this scale's fill ends
+        (a worker may still be running one: it never drops a shard it owns then)."""
+        for task in list(self.tasks.values()):
+            if task.dataset == dataset and task.kind == "trim" and task.copy == copy_id:
+                waiting = set(copy.handed_off.get(task.node, ())) | set(task.shards or ())
+                copy.handed_off[task.node] = sorted(waiting)
+                self.store.delete(f"tasks/{task.id}")
+                del self.tasks[task.id]
 
     # --- cleanup -------------------------------------------------------------------------------
 
@@ -626,8 +761,19 @@ class CacheManager:
 
     # --- tasks and heartbeats ------------------------------------------------------------------
 
-    def _add_task(self, node: str, kind: str, dataset: str, reason: str) -> None:
-        task = Task(f"t-{secrets.token_hex(6)}", node, kind, dataset, reason, self._clock())
+    def _add_task(
+        self,
+        node: str,
+        kind: str,
+        dataset: str,
+        reason: str,
+        *,
+        copy: str | None = None,
+        shards: list[int] | None = None,
+    ) -> None:
+        task = Task(
+            f"t-{secrets.token_hex(6)}", node, kind, dataset, reason, self._clock(), copy, shards
+        )
         self.cluster._save(f"tasks/{task.id}", task.to_json())
         self.tasks[task.id] = task
 
@@ -642,6 +788,7 @@ class CacheManager:
         tasks = [t for t in self.tasks.values() if t.node == node]
         return [
             {"id": t.id, "kind": t.kind, "dataset": t.dataset, "reason": t.reason}
+            | ({"shards": t.shards} if t.shards is not None else {})
             for t in sorted(tasks, key=lambda t: t.created_at)
         ]
 
@@ -676,8 +823,9 @@ class CacheManager:
                 f"{task.dataset} ({task.kind}: {task.reason})" + (f": {error}" if error else ""),
                 node=node, freed_bytes=freed,
             )  # fmt: skip
+        reports = self._fill_reports.setdefault(node, {})
         for dataset, fill in report.get("fills", {}).items():
-            self._fill_reports[(dataset, node)] = fill
+            reports[(dataset, fill.get("copy"), fill.get("id"))] = fill
 
     def tick(self) -> None:
         with self.cluster._lock:
@@ -690,15 +838,23 @@ class CacheManager:
             for dataset in {job.dataset for job in self.jobs.values() if job.state == "suspended"}:
                 self._promote(dataset)
             self._finish_fills(now)
+            self._settle_waiting_hand_offs()
             self._cleanup_ttl(now)
             self._cleanup_lru(now)
 
     def forget_dataset(self, dataset: str) -> None:
-        """The dataset was removed: its jobs and tasks go with it."""
+        """The dataset was removed: its jobs and tasks go with it (the workers drop its cache
+        when their view no longer lists it)."""
         for job in [j for j in self.jobs.values() if j.dataset == dataset]:
             self.store.delete(f"jobs/{job.id}")
             del self.jobs[job.id]
             self._renewed_at.pop(job.id, None)
+        for task in [t for t in self.tasks.values() if t.dataset == dataset]:
+            self.store.delete(f"tasks/{task.id}")
+            del self.tasks[task.id]
+        for node_reports in self._fill_reports.values():
+            for key in [key for key in node_reports if key[0] == dataset]:
+                del node_reports[key]
         self.version += 1
 
     # --- status --------------------------------------------------------------------------------
@@ -716,13 +872,15 @@ class CacheManager:
                 "freed_at": copy.freed_at,
                 "used_ratio": self.used_ratio(dataset, copy_id),
                 "fill": None,
+                # node -> shards it handed off and keeps until their owner here holds them
+                "handed_off": {n: len(shards) for n, shards in sorted(copy.handed_off.items())},
             }
             if copy.fill is not None:
                 reports = [
-                    self._fill_reports.get((dataset, n))
+                    self._fill_report(n, dataset, copy_id, copy.fill.id)
                     for n in self.cluster.live_copy_nodes(dataset, copy_id)
                 ]
-                reports = [r for r in reports if r and r.get("id") == copy.fill.id]
+                reports = [r for r in reports if r]
                 doc["fill"] = {
                     **copy.fill.to_json(),
                     "copied_bytes": sum(r.get("copied_bytes", 0) for r in reports),

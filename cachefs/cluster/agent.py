@@ -10,7 +10,9 @@ being down changes nothing: the last view stays in force, reads go on, and heart
 when it is back.
 
 Datasets are reconciled in a task of their own, because building a snapshot can take many
-seconds and heartbeats must not stop meanwhile (the node would be marked down).
+seconds and heartbeats must not stop meanwhile (the node would be marked down). Whenever the
+datasets served here change (this reconciliation, or a dataset the worker opened by itself),
+the preloader and the filler are told, so work that waits for its dataset starts then.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class ClusterAgent:
         self._cluster_id_file = os.path.join(state_dir, "cluster-id")
         self._reconcile_wanted = trio.Event()
         self._failed_at: dict[str, float] = {}  # dataset -> when adding/refreshing it failed
+        self._served_known: dict[str, int] = {}  # served datasets as last told to the workers
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -130,6 +133,15 @@ class ClusterAgent:
             self._reconcile_wanted = trio.Event()
             if self.last_view is not None:
                 await self._reconcile(self.last_view)
+            self._tell_served()
+
+    def _tell_served(self) -> None:
+        """Wake the preloads and fills waiting for a dataset if what is served here changed."""
+        served = self.worker.served_datasets()
+        if served != self._served_known:
+            self._served_known = served
+            self.preloader.datasets_changed()
+            self.filler.datasets_changed()
 
     async def _reconcile(self, view: dict) -> None:
         wanted = {d["spec"]["name"]: d for d in view["datasets"]}
@@ -147,6 +159,9 @@ class ClusterAgent:
                     await self.worker.add_followed_dataset(spec, epoch)
                 elif served[name] < epoch:
                     await self.worker.refresh_followed_dataset(name, epoch)
+                else:
+                    continue
+                self._tell_served()  # now, not after the other datasets: they may take long
             except CachefsError as exc:
                 self._failed_at[name] = trio.current_time()
                 log.error("dataset %r: %s (retrying in %.0f s)", name, exc, RETRY_AFTER_S)

@@ -2,16 +2,25 @@
 
 When the coordinator clones a copy, or moves shards to new nodes by scaling a copy, the view
 names the fill (``fills`` of the dataset: an id and the nodes that held the data before). Each
-node of the filled copy then copies, once per fill id, every block of the shards it owns there
-from the shard's *fill source* (:meth:`Membership.fill_address`) with cached-only peer requests:
-the source answers from its cache or 404, never from the store, so a fill moves bytes between
-caches and never adds store traffic. Blocks already cached here are skipped; a block the source
-does not hold (absent) or could not send (failed) is left for the read path, which asks the
+node of the filled copy then copies every block of the shards it owns there from the shard's
+*fill source* (:meth:`Membership.fill_address`) with cached-only peer requests: the source
+answers from its cache or 404, never from the store, so a fill moves bytes between caches and
+never adds store traffic. Blocks already cached here are skipped; a block the source does not
+hold (absent) is left for the read path; a block it could not send (failed) is tried again in
+a later pass over its shard, and after the last pass left for the read path, which asks the
 fill source again and then the store.
 
-Progress goes to the coordinator in every heartbeat (``fills``); a fill whose id or copy is no
-longer in the view is cancelled and forgotten. Like the preloader, the fills run as tasks of
-one nursery, with a node-wide bound on blocks in flight.
+A fill is known by **(dataset, copy, fill id)**, never by its id alone: fill ids are numbered
+per dataset, so "A-1" names a fill of every dataset that was scaled once. A fill runs when it
+appears in the view and reports ``done`` only once this process walked every shard it was
+given (a fill listed again after it left the view runs again; the blocks it copied are cached
+and skipped). ``done`` is what lets the coordinator end a hand-off, after which the old owners
+drop what the new owners hold (:mod:`coordinator.manager`, "the hand-off invariant").
+
+Progress goes to the coordinator in every heartbeat (``fills``, per dataset, naming the copy and
+the id); a fill no longer in the view is cancelled and forgotten. A fill of a dataset not served
+here yet waits until it is (:class:`~cachefs.cluster.served.ServedDatasets`). Like the
+preloader, the fills run as tasks of one nursery, with a node-wide bound on blocks in flight.
 """
 
 from __future__ import annotations
@@ -23,14 +32,13 @@ import trio
 
 from cachefs.cache.base import BlockCache, BlockKey
 from cachefs.errors import CachefsError
-from cachefs.meta import Snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.peer.base import BlockRequest, PeerError, PeerRefused
 from cachefs.peer.client import PeerClient
-from cachefs.store import StoreConfig
 
 from .membership import FillAssignment
-from .preload import PlannedObject, plan
+from .preload import PlannedObject, PreloadSource, plan
+from .served import ServedDatasets
 
 log = logging.getLogger("cachefs.fill")
 
@@ -40,6 +48,13 @@ OVERLOADED_RETRY_S = (0.25, 0.5, 1.0)
 #: Skip checks (an index lookup each) between two yields to the trio loop, so that walking a
 #: shard whose blocks are all cached does not hold the loop.
 CHECKS_PER_YIELD = 256
+#: Waits before the passes that try again the shards where copying a block failed (a source
+#: busy or briefly unreachable): one more pass per entry, the last one after the peer client's
+#: cool-down of an unreachable peer (5 s, cachefs/peer/client.py) is over.
+FAILED_SHARD_RETRY_S = (2.0, 6.0)
+
+#: A fill's identity: (dataset, copy, fill id).
+FillKey = tuple[str, str, str]
 
 
 class FillRoute(Protocol):
@@ -49,7 +64,7 @@ class FillRoute(Protocol):
 class FillTarget(Protocol):
     """What the filler needs from the worker for one dataset."""
 
-    def preload_source(self, dataset: str) -> tuple[Snapshot, StoreConfig, int, int] | None:
+    def preload_source(self, dataset: str) -> PreloadSource | None:
         """(snapshot, store config, source id, block size) of a served dataset, or None."""
         ...
 
@@ -74,7 +89,7 @@ class Filler:
         self._slots = trio.Semaphore(concurrency)
         self._admit_limiter = trio.CapacityLimiter(4)
         self._fills: dict[str, _FillRun] = {}  # dataset -> its fill in the view
-        self._seen: set[str] = set()  # fill ids started in this process: each runs once
+        self._served = ServedDatasets()
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -89,11 +104,12 @@ class Filler:
 
     def assign(self, assignments: dict[str, FillAssignment]) -> None:
         """Take this node's fills from the membership after a heartbeat (dataset → what to
-        fill). New fills start; fills no longer in the view (or with another id or copy) are
-        cancelled and forgotten; the others follow changes of the shards this node owns."""
+        fill). A fill is (dataset, copy, id): new ones start; those no longer in the view (the
+        dataset's fill now has another copy or id, or none) are cancelled and forgotten; the
+        others follow changes of the shards this node owns."""
         for dataset, run in list(self._fills.items()):
             wanted = assignments.get(dataset)
-            if wanted is None or (wanted.fill_id, wanted.copy) != (run.fill_id, run.copy):
+            if wanted is None or fill_key(wanted) != run.key:
                 run.cancel_scope.cancel()
                 del self._fills[dataset]
         if self._nursery is None:
@@ -102,17 +118,21 @@ class Filler:
             run = self._fills.get(dataset)
             if run is None:
                 run = self._fills[dataset] = _FillRun(self, wanted)
-                if wanted.fill_id in self._seen:
-                    # Forgotten once and listed again: it ran already in this process.
-                    run.done = True
-                    continue
-                self._seen.add(wanted.fill_id)
                 self._nursery.start_soon(run.run)
             run.set_shards(wanted.shards)
+
+    def datasets_changed(self) -> None:
+        """The datasets served here changed (the agent calls this): fills waiting for their
+        dataset look again."""
+        self._served.changed()
 
     def reports(self) -> dict[str, dict]:
         """Progress of each fill in the view, per dataset (the heartbeat's ``fills``)."""
         return {dataset: run.report() for dataset, run in self._fills.items()}
+
+
+def fill_key(assignment: FillAssignment) -> FillKey:
+    return (assignment.dataset, assignment.copy, assignment.fill_id)
 
 
 class _FillRun:
@@ -121,11 +141,19 @@ class _FillRun:
         self.dataset = assignment.dataset
         self.copy = assignment.copy
         self.fill_id = assignment.fill_id
+        self.key = fill_key(assignment)
         self.shards: frozenset[int] = frozenset()
         self.cancel_scope = trio.CancelScope()
         self.done = False
-        self.copied_blocks = self.copied_bytes = self.absent_blocks = self.failed_blocks = 0
+        self.copied_blocks = self.copied_bytes = self.absent_blocks = 0
+        # shard -> blocks whose copy failed in the latest pass over it (passes try them again)
+        self._failed: dict[int, int] = {}
         self._changed = trio.Event()
+
+    @property
+    def failed_blocks(self) -> int:
+        """Blocks not copied because of an error, as of the latest pass over their shard."""
+        return sum(self._failed.values())
 
     def set_shards(self, shards: frozenset[int]) -> None:
         if shards != self.shards:
@@ -144,16 +172,27 @@ class _FillRun:
         }
 
     async def run(self) -> None:
+        filler = self.filler
         with self.cancel_scope:
-            started: set[int] = set()
+            walked: set[int] = set()  # shards every block of which was tried
             while True:
-                todo = self.shards - started
+                todo = self.shards - walked
                 if todo:
                     self.done = False
-                    if await self._fill_shards(todo):
-                        started |= todo
-                    else:  # the dataset is not served here yet: look again shortly
-                        await trio.sleep(1.0)
+                    source = await filler._served.wait_source(
+                        filler._target, self.dataset, f"fill {self.fill_id} of copy {self.copy}"
+                    )
+                    todo = self.shards - walked  # the shards may have changed meanwhile
+                    if not todo:
+                        continue
+                    await self._fill_shards(todo, source)
+                    for delay in FAILED_SHARD_RETRY_S:
+                        again = {s for s in todo if self._failed.get(s) and s in self.shards}
+                        if not again:
+                            break
+                        await trio.sleep(delay)
+                        await self._fill_shards(again, source)
+                    walked |= todo
                     continue
                 if not self.done:
                     self.done = True
@@ -166,13 +205,11 @@ class _FillRun:
                 await self._changed.wait()
                 self._changed = trio.Event()
 
-    async def _fill_shards(self, shards: set[int]) -> bool:
-        """Try every block of ``shards``; False if the dataset is not served here (yet)."""
-        source = self.filler._target.preload_source(self.dataset)
-        if source is None:
-            log.info("fill %s: dataset %r not served here yet", self.fill_id, self.dataset)
-            return False
+    async def _fill_shards(self, shards: set[int], source: PreloadSource) -> None:
+        """Try every block of ``shards`` not cached here (one pass)."""
         snapshot, _config, source_id, block_size = source
+        for shard in shards:
+            self._failed.pop(shard, None)
         planned = await trio.to_thread.run_sync(plan, snapshot, {}, block_size, shards)
         log.info("fill %s of %r: %d shards, %d objects here from the nodes that held them",
                  self.fill_id, self.dataset, len(shards),
@@ -193,7 +230,6 @@ class _FillRun:
                             continue
                         await filler._slots.acquire()
                         nursery.start_soon(self._copy_block, shard, obj, index, key, block_size)
-        return True
 
     async def _copy_block(
         self, shard: int, obj: PlannedObject, index: int, key: BlockKey, block_size: int
@@ -214,7 +250,7 @@ class _FillRun:
             elif outcome == "absent":
                 self.absent_blocks += 1
             else:
-                self.failed_blocks += 1
+                self._failed[shard] = self._failed.get(shard, 0) + 1
             filler._metrics.fill_blocks[outcome] += 1
         finally:
             filler._slots.release()

@@ -9,7 +9,10 @@ complete once every selected block was dealt with; an object whose blocks could 
 or admitted is listed as failed with the reason, and fetched again by the next job (resume).
 
 When the membership changes, the shards this node newly owns are planned and run; the
-coordinator ignores reports for shards it no longer owns.
+coordinator ignores reports for shards it no longer owns. A job for a dataset not served here
+yet (the heartbeat that adds a dataset can carry its preload too) waits until the dataset is
+served (:class:`~cachefs.cluster.served.ServedDatasets`, woken by the agent), then plans every
+shard it owns: a shard counts as started only once it was planned.
 """
 
 from __future__ import annotations
@@ -29,10 +32,15 @@ from cachefs.store import StoreConfig
 
 from .fetchers import FetcherPool
 from .membership import Membership
+from .served import ServedDatasets
 
 log = logging.getLogger("cachefs.preload")
 
 MAX_FAILURES_LISTED = 20  # per shard; the count is exact
+
+#: What the worker gives for a dataset served here: its snapshot, store config, cache source id
+#: and block size.
+PreloadSource = tuple[Snapshot, StoreConfig, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +188,7 @@ class ShardProgress:
 class PreloadTarget(Protocol):
     """What the preloader needs from the worker for one dataset."""
 
-    def preload_source(self, dataset: str) -> tuple[Snapshot, StoreConfig, int, int] | None:
+    def preload_source(self, dataset: str) -> PreloadSource | None:
         """(snapshot, store config, source id, block size) of a served dataset, or None."""
         ...
 
@@ -203,6 +211,7 @@ class Preloader:
         self._fetch_slots = trio.Semaphore(concurrency)
         self._admit_limiter = trio.CapacityLimiter(4)
         self._jobs: dict[str, _JobRun] = {}
+        self._served = ServedDatasets()
         self._nursery: trio.Nursery | None = None
         self.fetched_bytes = 0
         self.fetched_blocks = 0
@@ -235,6 +244,11 @@ class Preloader:
                 run = self._jobs[job_id] = _JobRun(self, job)
                 self._nursery.start_soon(run.run)
             run.set_owned(owned)
+
+    def datasets_changed(self) -> None:
+        """The datasets served here changed (the agent calls this): jobs waiting for their
+        dataset look again."""
+        self._served.changed()
 
     def reports(self) -> dict[str, dict[str, dict]]:
         """Cumulative progress per job and owned shard, for the heartbeat."""
@@ -275,25 +289,25 @@ class _JobRun:
         }
 
     async def run(self) -> None:
+        job, preloader = self.job, self.preloader
         with self.cancel_scope:
-            started: set[int] = set()
+            planned: set[int] = set()  # shards planned and run (or running): never twice
             while True:
-                todo = self.owned - started
-                if todo:
-                    started |= todo
-                    await self._run_shards(todo)
+                todo = self.owned - planned
+                if not todo:
+                    await self._changed.wait()
+                    self._changed = trio.Event()
                     continue
-                await self._changed.wait()
-                self._changed = trio.Event()
+                source = await preloader._served.wait_source(
+                    preloader._target, job["dataset"], f"preload {job['id']}"
+                )
+                todo = self.owned - planned  # ownership may have changed while waiting
+                if todo:
+                    planned |= todo
+                    await self._run_shards(todo, source)
 
-    async def _run_shards(self, shards: set[int]) -> None:
+    async def _run_shards(self, shards: set[int], source: PreloadSource) -> None:
         job = self.job
-        source = self.preloader._target.preload_source(job["dataset"])
-        if source is None:  # not served here (yet): try again at the next change
-            log.info("preload %s: dataset %r not served here yet", job["id"], job["dataset"])
-            await trio.sleep(1.0)
-            self._changed.set()
-            return
         snapshot, config, source_id, block_size = source
         planned = await trio.to_thread.run_sync(
             plan, snapshot, job["selection"], block_size, shards

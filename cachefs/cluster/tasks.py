@@ -3,9 +3,11 @@
 The view lists this node's pending tasks, in order, every beat until they are acknowledged:
 
 - ``free``: evict every non-reserved cached block of the dataset here (a copy freed: ttl, lru);
-- ``trim``: evict the non-reserved blocks of the shards this node does not own in its copy
-  under the current membership (after a hand-off moved them to other nodes); a node in no copy
-  of the dataset owns nothing, so everything goes.
+- ``trim``: evict the non-reserved blocks of the ``shards`` the task lists: shards this node
+  handed off whose new owner holds them now (the coordinator checked; :mod:`coordinator.manager`,
+  "the hand-off invariant"). A listed shard this node owns under its current membership is
+  kept: a later scale gave it back, and this node may be the only one holding it. A trim that
+  lists no shards does nothing (the coordinator decides what may go, never the worker alone).
 
 Tasks run one at a time, in order, in a task of their own: freeing a large dataset takes a
 while and heartbeats must go on meanwhile. Each id runs at most once per process; its result is
@@ -43,6 +45,17 @@ class CleanupTarget(Protocol):
 
 class OwnedShards(Protocol):
     def own_copy_shards(self, dataset: str) -> set[int]: ...
+
+
+def trim_shards(task: dict, owned: set[int]) -> tuple[set[int], str | None]:
+    """The shards a trim task may free here: those it lists, less those this node owns now.
+    Returns (shards, error); an invalid list frees nothing."""
+    listed = task.get("shards")
+    if not isinstance(listed, list) or not all(
+        type(shard) is int and 0 <= shard < SHARDS for shard in listed
+    ):
+        return set(), "a trim must list its shards (integers in [0, 1024)): nothing done"
+    return set(listed) - owned, None
 
 
 class TaskRunner:
@@ -108,9 +121,8 @@ class TaskRunner:
             source_id = self._target.served_source_id(dataset)
             shards = None
             if kind == "trim":
-                owned = self._membership.own_copy_shards(dataset)
-                shards = set(range(SHARDS)) - owned if owned else None
-            if source_id is not None:
+                shards, error = trim_shards(task, self._membership.own_copy_shards(dataset))
+            if source_id is not None and error is None:
                 try:
                     freed = await trio.to_thread.run_sync(
                         partial(self._cache.free_blocks, source_id, shards),

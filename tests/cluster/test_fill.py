@@ -6,6 +6,9 @@ snapshot built from a local store, a BlockReader with a PeerClient and its Membe
 FileSystem whose ``serve_peer_block`` is served by hypercorn on its own 127.0.0.x address. Each
 node's store is wrapped (below SEAM A) only to count GETs: a cached-only request must never
 reach a store.
+
+Every node serves two datasets, "ds" and "other", over the same files (separate caches): fill
+ids are numbered per dataset, so both can have a fill "B-1" at once.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import trio
@@ -32,11 +35,14 @@ from cachefs.peer.server import create_peer_app
 from cachefs.protocol import owner_table
 from cachefs.store import StoreConfig, open_store
 from tests.fakes.wrappers import CountingStore, served
+from tests.waiting import WAIT_S
 
 BLOCK = 16 * 1024
 TOKEN = "fill-token"
 DATASET = "ds"
-SOURCE_ID = 77
+OTHER = "other"
+SOURCE_IDS = {DATASET: 77, OTHER: 78}
+SOURCE_ID = SOURCE_IDS[DATASET]
 
 
 @dataclass
@@ -52,11 +58,12 @@ class Node:
     peers: PeerClient
     metrics: WorkerMetrics
     address: str = ""
+    served: set[str] = field(default_factory=lambda: set(SOURCE_IDS))  # what preload_source sees
 
     def preload_source(self, dataset: str):
-        if dataset != DATASET:
+        if dataset not in self.served:
             return None
-        return self.snapshot, None, SOURCE_ID, BLOCK
+        return self.snapshot, None, SOURCE_IDS[dataset], BLOCK
 
     def version(self, key: str) -> FileVersion:
         entry = self.snapshot.resolve(key)
@@ -75,22 +82,29 @@ class World:
     def block(self, key: str, index: int) -> bytes:
         return self.files[key][index * BLOCK : (index + 1) * BLOCK]
 
-    def block_key(self, node: str, key: str, index: int) -> BlockKey:
+    def block_key(self, node: str, key: str, index: int, dataset: str = DATASET) -> BlockKey:
         version = self.nodes[node].version(key)
-        return BlockKey.make(SOURCE_ID, key, version.etag, index)
+        return BlockKey.make(SOURCE_IDS[dataset], key, version.etag, index)
 
-    def view(self, copies: dict[str, list[str]], fills: dict | None = None) -> dict:
+    def view(
+        self,
+        copies: dict[str, list[str]],
+        fills: dict | None = None,
+        datasets: tuple[str, ...] = (DATASET,),
+    ) -> dict:
+        """A heartbeat reply naming ``datasets``, each with these copies and fills."""
         return {
             "cluster_id": "c0ffee",
             "heartbeat_interval_s": 1.0,
             "nodes": {n: {"address": node.address, "up": True} for n, node in self.nodes.items()},
             "datasets": [
                 {
-                    "spec": {"name": DATASET},
+                    "spec": {"name": name},
                     "refresh_epoch": 0,
                     "copies": copies,
                     "fills": fills or {},
                 }
+                for name in datasets
             ],
             "preloads": [],
             "tasks": [],
@@ -139,6 +153,8 @@ async def world(tmp_path) -> AsyncIterator[World]:
             fs = FileSystem(reader)
             source = DataSource(DATASET, store, SOURCE_ID, BLOCK)
             fs.add_dataset(MountedDataset(DATASET, 1, snapshot, source))
+            other = DataSource(OTHER, store, SOURCE_IDS[OTHER], BLOCK)
+            fs.add_dataset(MountedDataset(OTHER, 2, snapshot, other))
             node = Node(
                 name, cache, store, snapshot, source, reader, fs, membership, peers, metrics
             )
@@ -148,22 +164,22 @@ async def world(tmp_path) -> AsyncIterator[World]:
         yield World(files, nodes)
 
 
-def seed_copy_a(world: World) -> tuple[set, set]:
-    """Copy A = (n1, n2) holds every block in its owner's cache except those of every fourth
-    file; n3 already holds block 0 of every fourth file after those. Returns (blocks held by
-    A, blocks held by n3)."""
-    table = owner_table(DATASET, ["n1", "n2"])
+def seed_copy_a(world: World, dataset: str = DATASET) -> tuple[set, set]:
+    """Copy A = (n1, n2) holds every block of ``dataset`` in its owner's cache except those of
+    every fourth file; n3 already holds block 0 of every fourth file after those. Returns
+    (blocks held by A, blocks held by n3)."""
+    table = owner_table(dataset, ["n1", "n2"])
     held, precached = set(), set()
     for key, index in world.blocks():
         file_no = sorted(world.files).index(key)
         data = world.block(key, index)
         if file_no % 4 != 0:
             owner = world.nodes[table[shard_of(key)]]
-            assert owner.cache.put(world.block_key(owner.name, key, index), data)
+            assert owner.cache.put(world.block_key(owner.name, key, index, dataset), data)
             held.add((key, index))
         if file_no % 4 == 1 and index == 0:
             n3 = world.nodes["n3"]
-            assert n3.cache.put(world.block_key("n3", key, index), data)
+            assert n3.cache.put(world.block_key("n3", key, index, dataset), data)
             precached.add((key, index))
     return held, precached
 
@@ -172,11 +188,11 @@ CLONE = {"A": ["n1", "n2"], "B": ["n3"]}
 CLONE_FILL = {"B": {"id": "B-1", "from": ["n1", "n2"]}}
 
 
-async def wait_done(filler: Filler) -> dict:
-    with trio.fail_after(30):
-        while not filler.reports().get(DATASET, {}).get("done"):
+async def wait_done(filler: Filler, dataset: str = DATASET) -> dict:
+    with trio.fail_after(WAIT_S):
+        while not filler.reports().get(dataset, {}).get("done"):
             await trio.sleep(0.02)
-    return filler.reports()[DATASET]
+    return filler.reports()[dataset]
 
 
 def store_gets(world: World) -> dict[str, int]:
@@ -303,16 +319,15 @@ async def test_filler_copies_what_the_sources_hold_and_nothing_else(world):
         # The source nodes were not "read": a fill keeps no copy looking busy.
         assert all(DATASET not in world.nodes[n].reader.last_read_at for n in ("n1", "n2"))
 
-        # Gone from the view: forgotten. Listed again: it ran once already in this process.
+        # Gone from the view: forgotten. Listed again: it runs again, and "done" means that it
+        # walked its shards again (nothing left to copy: every block is cached here now).
         filler.assign({})
         assert filler.reports() == {}
         filler.assign(n3.membership.fill_assignments())
-        assert filler.reports()[DATASET] == {
-            **report,
-            "copied_blocks": 0,
-            "copied_bytes": 0,
-            "absent_blocks": 0,
-        }
+        assert not filler.reports()[DATASET]["done"]
+        again = await wait_done(filler)
+        assert again == {**report, "copied_blocks": 0, "copied_bytes": 0}
+        assert n3.cache.counters().admitted == len(copied | precached)
         # A new fill id is a new fill: everything the sources hold is cached here already.
         world.apply(world.view(CLONE, {"B": {"id": "B-2", "from": ["n1", "n2"]}}))
         filler.assign(n3.membership.fill_assignments())
@@ -323,6 +338,81 @@ async def test_filler_copies_what_the_sources_hold_and_nothing_else(world):
             len(absent),
         )
         nursery.cancel_scope.cancel()
+
+
+async def test_fills_are_keyed_by_dataset_copy_and_id(world):
+    """Two datasets each have a fill "B-1" (ids are numbered per dataset). Both run and each
+    copies its own blocks: one finishing first never marks the other done. "other" is not
+    served on n3 yet: its fill waits (reporting not done) until it is, then runs."""
+    held, precached = seed_copy_a(world, DATASET)
+    held_other, precached_other = seed_copy_a(world, OTHER)
+    n3 = world.nodes["n3"]
+    n3.served.discard(OTHER)
+    world.apply(world.view(CLONE, CLONE_FILL, datasets=(DATASET, OTHER)))
+    filler = Filler(n3, n3.cache, n3.peers, n3.membership, n3.metrics, concurrency=8)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(filler.run)
+        filler.assign(n3.membership.fill_assignments())
+        first = await wait_done(filler, DATASET)
+        assert (first["copy"], first["id"], first["copied_blocks"]) == (
+            "B",
+            "B-1",
+            len(held - precached),
+        )
+        waiting = filler.reports()[OTHER]
+        assert (waiting["id"], waiting["done"], waiting["copied_blocks"]) == ("B-1", False, 0)
+        for key, index in held_other - precached_other:
+            assert not n3.cache.contains(world.block_key("n3", key, index, OTHER))
+
+        n3.served.add(OTHER)  # the worker opened it: the agent says so
+        filler.datasets_changed()
+        second = await wait_done(filler, OTHER)
+        assert second["copied_blocks"] == len(held_other - precached_other)
+        for key, index in held_other | precached_other:
+            cached = n3.cache.read(world.block_key("n3", key, index, OTHER))
+            assert cached == world.block(key, index), (key, index)
+        assert filler.reports()[DATASET] == first  # untouched by the other's fill
+
+        # The same id for another copy is another fill: the old one is cancelled, the new one
+        # runs (a node that moved from one copy to another).
+        moved = world.view({"A": ["n1", "n2"], "C": ["n3"]}, {"C": {**CLONE_FILL["B"]}})
+        world.apply(moved)
+        filler.assign(n3.membership.fill_assignments())
+        assert set(filler.reports()) == {DATASET}
+        third = await wait_done(filler, DATASET)
+        assert (third["copy"], third["id"], third["copied_blocks"]) == ("C", "B-1", 0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_blocks_that_failed_to_copy_are_tried_again(world):
+    """The source answers 500 to the first request for each block: the next pass over those
+    shards copies them, and the fill reports no failure in the end."""
+    held, precached = seed_copy_a(world)
+    n1, n2, n3 = world.nodes["n1"], world.nodes["n2"], world.nodes["n3"]
+    refused: set[tuple[str, str, int]] = set()
+
+    async def flaky(req: BlockRequest) -> tuple[bytes, bytes]:
+        if (req.dataset, req.key, req.index) not in refused:
+            refused.add((req.dataset, req.key, req.index))
+            raise RuntimeError("injected: the source failed this once")  # a 500
+        return await node_of[req.key].fs.serve_peer_block(req)
+
+    table = owner_table(DATASET, ["n1", "n2"])
+    node_of = {key: world.nodes[table[shard_of(key)]] for key in world.files}
+    async with served(create_peer_app(flaky, TOKEN), "127.0.0.6") as flaky_address:
+        n1.address = n2.address = flaky_address
+        world.apply(world.view(CLONE, CLONE_FILL))
+        filler = Filler(n3, n3.cache, n3.peers, n3.membership, n3.metrics, concurrency=8)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(filler.run)
+            filler.assign(n3.membership.fill_assignments())
+            report = await wait_done(filler)
+            nursery.cancel_scope.cancel()
+    copied = held - precached
+    assert (report["copied_blocks"], report["failed_blocks"]) == (len(copied), 0)
+    assert n3.metrics.fill_blocks["failed"] >= len(copied)  # every one failed once
+    for key, index in copied:
+        assert n3.cache.read(world.block_key("n3", key, index)) == world.block(key, index)
 
 
 async def test_a_fill_removed_from_the_view_is_cancelled(world):

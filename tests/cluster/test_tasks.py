@@ -14,7 +14,7 @@ from cachefs.cluster.tasks import TaskRunner
 from cachefs.metrics import WorkerMetrics, make_registry
 from cachefs.protocol import owner_table
 
-BLOCK = 1024
+BLOCK = 4096  # one page: the footprint of a block (what a tier counts) is its size
 SOURCES = {"ds": 1, "other": 2}
 
 
@@ -78,8 +78,17 @@ async def test_trim_free_unknown_and_unserved_tasks(cache):
     table = owner_table("ds", ["n1", "n2"])
     owned = {i for i in range(200) if table[block_key(i, 1).shard] == "n1"}
     reserved = set(range(10))
+    handed_off = sorted({block_key(i, 1).shard for i in range(200)} - {
+        block_key(i, 1).shard for i in owned
+    })  # fmt: skip
     tasks = [
-        {"id": "t-1", "kind": "trim", "dataset": "ds", "reason": "hand-off of copy A done"},
+        {
+            "id": "t-1",
+            "kind": "trim",
+            "dataset": "ds",
+            "reason": "hand-off of copy A done",
+            "shards": handed_off,
+        },
         {"id": "t-2", "kind": "shred", "dataset": "ds", "reason": "?"},
         {"id": "t-3", "kind": "free", "dataset": "not-here", "reason": "ttl"},
     ]
@@ -143,16 +152,54 @@ async def test_trim_free_unknown_and_unserved_tasks(cache):
     assert entry["at"] > 0
 
 
-async def test_trim_on_a_node_in_no_copy_frees_all_but_the_reserve(cache):
+async def test_trim_on_a_node_in_no_copy_frees_the_listed_shards_but_the_reserve(cache):
     membership = Membership("n9")
     runner = TaskRunner(Target(SOURCES), cache, membership, WorkerMetrics())
-    trim = [{"id": "t-1", "kind": "trim", "dataset": "ds", "reason": "not in any copy"}]
+    every = sorted({block_key(i, 1).shard for i in range(200)})
+    trim = [
+        {"id": "t-1", "kind": "trim", "dataset": "ds", "reason": "left", "shards": every[::2]},
+        {"id": "t-2", "kind": "trim", "dataset": "ds", "reason": "left", "shards": every[1::2]},
+    ]
     async with trio.open_nursery() as nursery:
         await nursery.start(runner.run)
-        results = await run_tasks(runner, membership, view({"A": ["n1", "n2"]}, trim))
+        results = await run_tasks(runner, membership, view({"A": ["n1", "n2"]}, trim[:1]))
+        halfway = held(cache, 1, 200)
+        results |= await run_tasks(runner, membership, view({"A": ["n1", "n2"]}, trim))
         nursery.cancel_scope.cancel()
-    assert results == {"t-1": {"freed_bytes": 190 * BLOCK, "error": None}}
+    kept_first = {i for i in range(10, 200) if block_key(i, 1).shard in set(every[1::2])}
+    assert halfway == set(range(10)) | kept_first
+    assert results == {
+        "t-1": {"freed_bytes": (190 - len(kept_first)) * BLOCK, "error": None},
+        "t-2": {"freed_bytes": len(kept_first) * BLOCK, "error": None},
+    }
     assert held(cache, 1, 200) == set(range(10))
+
+
+async def test_a_trim_never_drops_a_shard_the_node_owns_now_nor_guesses(cache):
+    """A trim decided at the end of one hand-off can reach a node after the next scale gave
+    it the shards back: those stay. A trim listing no shards (or not a list of shards) frees
+    nothing: the worker never decides alone what it may drop."""
+    membership = Membership("n1")
+    runner = TaskRunner(Target(SOURCES), cache, membership, WorkerMetrics())
+    every = sorted({block_key(i, 1).shard for i in range(200)})
+    tasks = [
+        {"id": "t-1", "kind": "trim", "dataset": "ds", "reason": "hand-off", "shards": every},
+        {"id": "t-2", "kind": "trim", "dataset": "ds", "reason": "old coordinator"},
+        {"id": "t-3", "kind": "trim", "dataset": "ds", "reason": "?", "shards": [1, 2048]},
+        {"id": "t-4", "kind": "trim", "dataset": "ds", "reason": "?", "shards": [True]},
+    ]
+    table = owner_table("ds", ["n1", "n2"])  # n1 owns these shards now
+    owned = {i for i in range(200) if table[block_key(i, 1).shard] == "n1"}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        results = await run_tasks(runner, membership, view({"A": ["n1", "n2"]}, tasks))
+        nursery.cancel_scope.cancel()
+    assert held(cache, 1, 200) == owned | set(range(10))
+    assert results["t-1"] == {"freed_bytes": (190 - len(owned - set(range(10)))) * BLOCK,
+                              "error": None}  # fmt: skip
+    for task_id in ("t-2", "t-3", "t-4"):
+        assert results[task_id]["freed_bytes"] == 0
+        assert "a trim must list its shards" in results[task_id]["error"]
 
 
 async def test_a_task_dropped_before_it_ran_is_not_run(cache):

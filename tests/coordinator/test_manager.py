@@ -311,9 +311,37 @@ def moved(dataset: str, before: list[str], after: list[str]) -> int:
     return sum(old[s] != new[s] for s in range(SHARDS))
 
 
+def holding(shards: dict[int, int] | set[int], dataset: str = "imagenet", size: int = 100) -> dict:
+    """A heartbeat's datasets section: ``dataset`` with ``size`` bytes in each of ``shards``
+    (or the given bytes per shard)."""
+    per_shard = shards if isinstance(shards, dict) else dict.fromkeys(shards, size)
+    return {
+        dataset: {
+            "bytes": SHARDS * size,
+            "cached_bytes": sum(per_shard.values()),
+            "shards": {str(shard): nbytes for shard, nbytes in per_shard.items()},
+        }
+    }
+
+
+def fill_done(dataset: str, copy_id: str, fill_id: str) -> dict:
+    return {dataset: {"copy": copy_id, "id": fill_id, "done": True}}
+
+
+def owned_by(node: str, nodes: list[str], dataset: str = "imagenet") -> set[int]:
+    return {shard for shard, owner in enumerate(owner_table(dataset, nodes)) if owner == node}
+
+
+def trims(cluster: Cluster, node: str, **report) -> list[dict]:
+    return [t for t in beat(cluster, node, **report)["tasks"] if t["kind"] == "trim"]
+
+
 def test_scale_out_then_in_hands_shards_off(cluster: Cluster) -> None:
     cluster.add_dataset(spec("imagenet"), nodes=["n1", "n2"])
-    beat_all(cluster, ["n1", "n2", "n3"])
+    before = ["n1", "n2"]
+    held = {node: owned_by(node, before) for node in before}  # copy A holds every shard
+    for node in ("n1", "n2", "n3"):
+        beat(cluster, node, datasets=holding(held.get(node, set())))
     manager = cluster.manager
     out = manager.scale("imagenet", "A", ["n3"], [])
     assert out["moved_shards"] == moved("imagenet", ["n1", "n2"], ["n1", "n2", "n3"])
@@ -325,16 +353,46 @@ def test_scale_out_then_in_hands_shards_off(cluster: Cluster) -> None:
         manager.scale("imagenet", "A", [], ["n1"])
 
     for node in ("n1", "n2"):
-        beat(cluster, node, fills={"imagenet": {"copy": "A", "id": "A-1", "done": True}})
+        beat(cluster, node, datasets=holding(held[node]), fills=fill_done("imagenet", "A", "A-1"))
     cluster.tick()
     assert cluster.dataset_status("imagenet")["copies"][0]["fill"] is not None  # n3 not done
-    beat(cluster, "n3", fills={"imagenet": {"copy": "A", "id": "A-1", "done": True}})
+    # n3 copied every shard it gained but two: one it got nothing of, one only half of.
+    gained = owned_by("n3", ["n1", "n2", "n3"])
+    missing, half = sorted(gained)[:2]
+    copied = {shard: 100 for shard in gained - {missing}} | {half: 50}
+    beat(cluster, "n3", datasets=holding(copied), fills=fill_done("imagenet", "A", "A-1"))
     cluster.tick()
-    assert cluster.dataset_status("imagenet")["copies"][0]["fill"] is None
-    # The old owners drop the shards they handed off.
-    assert [t["kind"] for t in beat(cluster, "n1")["tasks"]] == ["trim"]
-    assert [t["kind"] for t in beat(cluster, "n2")["tasks"]] == ["trim"]
-    assert beat(cluster, "n3")["tasks"] == []
+    status = cluster.dataset_status("imagenet")["copies"][0]
+    assert status["fill"] is None
+
+    # The old owners drop exactly the shards n3 holds; they keep the two it does not hold.
+    sent = {}
+    for node in ("n1", "n2"):
+        (trim,) = sent[node] = trims(cluster, node, datasets=holding(held[node]))
+        assert set(trim["shards"]) == (held[node] & gained) - {missing, half}
+        assert trim["reason"] == "hand-off A-1 finished"
+    assert trims(cluster, "n3", datasets=holding(copied)) == []
+    kept_by = {node for node in ("n1", "n2") if held[node] & {missing, half}}
+    assert status["handed_off"] == {node: len(held[node] & {missing, half}) for node in kept_by}
+    (event,) = [e for e in manager.list_events("imagenet") if e["kind"] == "fill"]
+    assert (event["trimmed_shards"], event["kept_shards"]) == (len(gained) - 2, 2)
+    assert "2 kept until their new owner holds them" in event["message"]
+
+    # The workers trim; later n3 reads the two shards through: the holders drop them then.
+    for node in ("n1", "n2"):
+        held[node] -= gained - {missing, half}
+        done = {sent[node][0]["id"]: {"freed_bytes": 1}}
+        beat(cluster, node, datasets=holding(held[node]), tasks_done=done)
+    cluster.tick()
+    assert all(not trims(cluster, node, datasets=holding(held[node])) for node in kept_by)
+    copied = dict.fromkeys(gained, 100)
+    beat(cluster, "n3", datasets=holding(copied))
+    cluster.tick()
+    for node in kept_by:
+        (late,) = trims(cluster, node)
+        assert set(late["shards"]) == held[node] & {missing, half}
+    assert cluster.dataset_status("imagenet")["copies"][0]["handed_off"] == {}
+    assert any(e["kind"] == "trim" for e in manager.list_events("imagenet"))
 
     inward = manager.scale("imagenet", "A", [], ["n1"])
     assert inward["moved_shards"] == moved("imagenet", ["n1", "n2", "n3"], ["n2", "n3"])
@@ -343,6 +401,124 @@ def test_scale_out_then_in_hands_shards_off(cluster: Cluster) -> None:
     assert view["fills"] == {"A": {"id": "A-2", "from": ["n1", "n2", "n3"]}}
     events = [e for e in manager.list_events("imagenet") if e["kind"] == "scale"]
     assert events[-1]["removed"] == ["n1"] and events[-1]["moved_shards"] == inward["moved_shards"]
+
+
+def test_a_fill_is_named_by_dataset_copy_and_id(cluster: Cluster) -> None:
+    """Fill ids are numbered per dataset: both datasets' first scale is "A-1". A node's "done"
+    for one dataset's A-1 (or for another copy's) must not end the other's."""
+    for name in ("imagenet", "coco"):
+        cluster.add_dataset(spec(name), nodes=["n1"])
+    beat_all(cluster, ["n1", "n2"])
+    for name in ("imagenet", "coco"):
+        cluster.manager.scale(name, "A", ["n2"], [])
+    view = beat(cluster, "n2")
+    assert [d["fills"] for d in view["datasets"]] == [{"A": {"id": "A-1", "from": ["n1"]}}] * 2
+    beat(cluster, "n1", fills={"coco": {"copy": "A", "id": "A-1", "done": True}})
+    beat(cluster, "n2", fills={"coco": {"copy": "B", "id": "A-1", "done": True}})
+    beat(cluster, "n2", fills={"imagenet": {"copy": "A", "id": "A-1", "done": True}})
+    beat(cluster, "n1", fills={"imagenet": {"copy": "A", "id": "A-1", "done": True}})
+    cluster.tick()
+    fills = {d["name"]: d["copies"][0]["fill"] for d in cluster.list_datasets()}
+    assert fills["imagenet"] is None
+    assert fills["coco"] is not None and fills["coco"]["nodes_done"] == 1  # n1 only
+    beat(cluster, "n2", fills={"coco": {"copy": "A", "id": "A-1", "done": True}})
+    cluster.tick()
+    assert cluster.dataset_status("coco")["copies"][0]["fill"] is None
+
+    # Removed and added again, a dataset numbers its fills from 1 again: the reports of the
+    # old dataset's A-1 are gone with it.
+    cluster.remove_dataset("coco")
+    cluster.add_dataset(spec("coco"), nodes=["n1"])
+    cluster.manager.scale("coco", "A", ["n2"], [])
+    cluster.tick()
+    assert cluster.dataset_status("coco")["copies"][0]["fill"]["id"] == "A-1"
+
+
+def test_a_fill_done_without_copying_trims_nothing(cluster: Cluster) -> None:
+    """The bug this guards: a new owner says "done" but holds nothing of what moved (its fill
+    was marked done without running). The old owner keeps every shard: 100 % stays cached."""
+    cluster.add_dataset(spec("imagenet"), nodes=["n1"])
+    everything = set(range(SHARDS))
+    beat(cluster, "n1", datasets=holding(everything))
+    beat(cluster, "n2")
+    cluster.manager.scale("imagenet", "A", ["n2"], [])
+    beat(cluster, "n1", datasets=holding(everything), fills=fill_done("imagenet", "A", "A-1"))
+    beat(cluster, "n2", datasets=holding(set()), fills=fill_done("imagenet", "A", "A-1"))
+    cluster.tick()
+    status = cluster.dataset_status("imagenet")["copies"][0]
+    assert status["fill"] is None
+    assert trims(cluster, "n1") == []
+    assert status["handed_off"] == {"n1": len(owned_by("n2", ["n1", "n2"]))}
+
+    # Back to back: n2 is removed again before it held anything. Nothing is trimmed, and n1,
+    # owning everything again, has nothing waiting either.
+    cluster.manager.scale("imagenet", "A", [], ["n2"])
+    beat(cluster, "n1", datasets=holding(everything), fills=fill_done("imagenet", "A", "A-2"))
+    cluster.tick()
+    assert trims(cluster, "n1") == [] and trims(cluster, "n2") == []
+    assert cluster.dataset_status("imagenet")["copies"][0]["handed_off"] == {}
+
+
+def test_back_to_back_scales_never_trim_what_the_next_one_needs(cluster: Cluster) -> None:
+    """A trim decided at the end of one hand-off and still pending when the next scale starts
+    is not carried out: it goes back to waiting and is judged again at the end of the next."""
+    cluster.add_dataset(spec("imagenet"), nodes=["n1", "n2"])
+    first, second = ["n1", "n2"], ["n1", "n2", "n3"]
+    held = {node: owned_by(node, first) for node in first} | {"n3": set()}
+    beat_all(cluster, ["n3"])
+    for node in first:
+        beat(cluster, node, datasets=holding(held[node]))
+    cluster.manager.scale("imagenet", "A", ["n3"], [])
+    held["n3"] = owned_by("n3", second)
+    for node in second:
+        beat(cluster, node, datasets=holding(held[node]), fills=fill_done("imagenet", "A", "A-1"))
+    cluster.tick()
+    pending = {node: trims(cluster, node) for node in first}
+    assert all(len(tasks) == 1 for tasks in pending.values())
+
+    # Scaled again before n1 and n2 ran (or acknowledged) their trims: n3 leaves.
+    cluster.manager.scale("imagenet", "A", [], ["n3"])
+    assert all(trims(cluster, node) == [] for node in second)  # withdrawn
+    status = cluster.dataset_status("imagenet")["copies"][0]
+    withdrawn = {node: len(tasks[0]["shards"]) for node, tasks in pending.items()}
+    assert status["handed_off"] == withdrawn
+
+    # n1 and n2 copy back from n3 the shards they own again and report done; n3 reports done.
+    for node in first:
+        held[node] = owned_by(node, first)
+        beat(cluster, node, datasets=holding(held[node]), fills=fill_done("imagenet", "A", "A-2"))
+    beat(cluster, "n3", datasets=holding(held["n3"]), fills=fill_done("imagenet", "A", "A-2"))
+    cluster.tick()
+    # They own everything they hold: nothing of theirs is trimmed; n3 drops all it held.
+    assert trims(cluster, "n1") == [] and trims(cluster, "n2") == []
+    (leaving,) = trims(cluster, "n3")
+    assert set(leaving["shards"]) == held["n3"]
+    assert cluster.dataset_status("imagenet")["copies"][0]["handed_off"] == {}
+
+
+def test_a_job_does_not_list_a_node_that_is_down(cluster: Cluster, clock: FakeClock) -> None:
+    """n2 dies (no more heartbeats) just before j1's release promotes j2 onto n1 and n2: once
+    n2 counts as down, j2 lists it under ``down_nodes``, not ``nodes``; back up, it is listed
+    again."""
+    cluster.add_dataset(spec("imagenet", max_jobs_per_copy=1))
+    beat_all(cluster, ["n1", "n2"])
+    manager = cluster.manager
+    manager.submit("j1", "imagenet", 2)
+    manager.submit("j2", "imagenet", 2)  # suspended behind j1
+    assert manager.release("j1")["promoted"] == ["j2"]  # n2's last beat is recent: "up"
+    assert sorted(manager.job("j2")["nodes"]) == ["n1", "n2"]
+    clock.advance(DOWN_AFTER_S + 1)
+    beat(cluster, "n1")
+    job = manager.job("j2")
+    assert (job["nodes"], job["down_nodes"]) == (["n1"], ["n2"])
+    assert "(n2 down now)" in job["explanation"]
+    assert [row["why"].endswith("(down now)") for row in job["ranking"]] == [
+        row["node"] == "n2" for row in job["ranking"]
+    ]
+    assert [j["nodes"] for j in manager.list_jobs()] == [["n1"]]
+    beat(cluster, "n2")  # back: listed again
+    job = manager.job("j2")
+    assert (sorted(job["nodes"]), job["down_nodes"]) == (["n1", "n2"], [])
 
 
 def test_scale_refuses_what_cannot_be(cluster: Cluster) -> None:
