@@ -145,10 +145,16 @@ class _FillRun:
         self.shards: frozenset[int] = frozenset()
         self.cancel_scope = trio.CancelScope()
         self.done = False
-        self.copied_blocks = self.copied_bytes = self.absent_blocks = 0
-        # shard -> blocks whose copy failed in the latest pass over it (passes try them again)
+        self.copied_blocks = self.copied_bytes = 0
+        # shard -> blocks the source did not hold / whose copy failed, in the latest pass over
+        # the shard (a later pass tries the failed ones again, and asks for the absent ones too)
+        self._absent: dict[int, int] = {}
         self._failed: dict[int, int] = {}
         self._changed = trio.Event()
+
+    @property
+    def absent_blocks(self) -> int:
+        return sum(self._absent.values())
 
     @property
     def failed_blocks(self) -> int:
@@ -209,6 +215,7 @@ class _FillRun:
         """Try every block of ``shards`` not cached here (one pass)."""
         snapshot, _config, source_id, block_size = source
         for shard in shards:
+            self._absent.pop(shard, None)
             self._failed.pop(shard, None)
         planned = await trio.to_thread.run_sync(plan, snapshot, {}, block_size, shards)
         log.info("fill %s of %r: %d shards, %d objects here from the nodes that held them",
@@ -247,10 +254,9 @@ class _FillRun:
                 self.copied_blocks += 1
                 self.copied_bytes += request.length
                 filler._metrics.fill_bytes += request.length
-            elif outcome == "absent":
-                self.absent_blocks += 1
             else:
-                self._failed[shard] = self._failed.get(shard, 0) + 1
+                counts = self._absent if outcome == "absent" else self._failed
+                counts[shard] = counts.get(shard, 0) + 1
             filler._metrics.fill_blocks[outcome] += 1
         finally:
             filler._slots.release()

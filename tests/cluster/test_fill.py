@@ -408,8 +408,9 @@ async def test_blocks_that_failed_to_copy_are_tried_again(world):
             filler.assign(n3.membership.fill_assignments())
             report = await wait_done(filler)
             nursery.cancel_scope.cancel()
-    copied = held - precached
+    copied, absent = held - precached, set(world.blocks()) - held - precached
     assert (report["copied_blocks"], report["failed_blocks"]) == (len(copied), 0)
+    assert report["absent_blocks"] == len(absent)  # counted once, though asked for twice
     assert n3.metrics.fill_blocks["failed"] >= len(copied)  # every one failed once
     for key, index in copied:
         assert n3.cache.read(world.block_key("n3", key, index)) == world.block(key, index)

@@ -139,7 +139,9 @@ def test_two_datasets_scaled_and_cloned_back_to_back_keep_every_cached_byte(
         assert copy_of(cluster, name, "A")["handed_off"] == {}
         events = fill_events(cluster, name)
         assert len(events) == 2
-        assert all(e["copied_bytes"] > 0 for e in events), events  # both hand-offs copied
+        # The scale-out copied what moved to n2. (The scale-in may copy nothing: n1 still holds
+        # what it handed off if its trim had not run yet when the second scale came.)
+        assert events[0]["copied_bytes"] > 0, events
         assert all(e["absent_blocks"] == e["failed_blocks"] == 0 for e in events), events
 
     # Clone both datasets back to back onto the same worker, n3: fills "B-3" of each.
