@@ -49,7 +49,7 @@ from cachefs.store.retry import (
     ShortBody,
     call_with_retries,
     check_body_length,
-    network_failure_reason,
+    network_failure_cause,
 )
 from cachefs.store.uri import check_endpoint, parse_uri
 
@@ -300,7 +300,7 @@ def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreEr
 
     if isinstance(exc, oss2.exceptions.RequestError):
         # oss2 wraps the requests exception raised while sending (refused, reset, timeout).
-        return error(StoreUnavailable, f"the store is unreachable: {network_failure_reason(exc)}")
+        return error(StoreUnavailable, network_failure_cause(exc))
     if isinstance(exc, oss2.exceptions.ServerError):
         status, code = int(exc.status), str(exc.code or "")
         if status >= 500 or code in _TRANSIENT_CODES:
@@ -318,7 +318,7 @@ def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreEr
         # Raised by oss2 itself before or after talking to the server (ClientError and kin).
         return error(StoreIOError, f"the OSS SDK failed: {type(exc).__name__}")
     # requests/urllib3/socket errors raised while reading a response body.
-    return error(StoreUnavailable, f"the store is unreachable: {network_failure_reason(exc)}")
+    return error(StoreUnavailable, network_failure_cause(exc))
 
 
 def _endpoint_of(config: StoreConfig) -> str:

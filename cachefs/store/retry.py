@@ -21,10 +21,12 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import urllib3.exceptions
 
 from cachefs.errors import StoreError, StoreIOError, StoreUnavailable
 from cachefs.store.base import RetryPolicy
@@ -407,21 +409,35 @@ def body_length_error(
     )
 
 
-def network_failure_reason(exc: BaseException) -> str:
-    """A short, secret-free reason for a network failure, for StoreUnavailable messages: the OS
-    error ("Connection refused") if there is one in the exception chain, else the exception's
-    class name ("ReadTimeoutError"). Never the exceptions' own text, which may quote URLs with
-    signatures in them."""
+def network_failure_cause(exc: BaseException) -> str:
+    """A short, secret-free cause for a network failure, for StoreUnavailable messages: "the
+    store did not answer in time (ReadTimeoutError)" for a connect or read timeout, else "the
+    store is unreachable: " and the OS error ("Connection refused") if there is one in the
+    exception chain, else the exception's class name. Never the exceptions' own text, which may
+    quote URLs with signatures in them."""
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.strerror:  # (not set on a socket timeout)
+            return f"the store is unreachable: {link.strerror} ({type(exc).__name__})"
+    for link in _chain(exc):
+        # Builtin TimeoutError is socket.timeout; botocore's and requests' timeouts wrap (or
+        # subclass) urllib3's, whose NewConnectionError is, oddly, a ConnectTimeoutError.
+        if isinstance(link, TimeoutError | urllib3.exceptions.TimeoutError) and not isinstance(
+            link, urllib3.exceptions.NewConnectionError
+        ):
+            return f"the store did not answer in time ({type(link).__name__})"
+    return f"the store is unreachable: {type(exc).__name__}"
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it wraps, outermost first."""
     link: BaseException | None = exc
     for _ in range(10):  # the chains are a few links long; bound the walk anyway
         if link is None:
-            break
-        if isinstance(link, OSError) and link.strerror:
-            return f"{link.strerror} ({type(exc).__name__})"
+            return
+        yield link
         # botocore keeps the underlying exception in .kwargs["error"], not in __cause__.
         wrapped = getattr(link, "kwargs", {}).get("error")
         link = wrapped if isinstance(wrapped, BaseException) else link.__cause__ or link.__context__
-    return type(exc).__name__
 
 
 def _gave_up(err: StoreError, *, what: str, tries: int, elapsed: float) -> StoreError:

@@ -47,7 +47,7 @@ from cachefs.store.retry import (
     body_length_error,
     call_with_retries,
     check_body_length,
-    network_failure_reason,
+    network_failure_cause,
 )
 from cachefs.store.uri import check_endpoint, parse_uri
 
@@ -297,7 +297,7 @@ def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreEr
             OSError,
         ),
     ):
-        return error(StoreUnavailable, f"the store is unreachable: {network_failure_reason(exc)}")
+        return error(StoreUnavailable, network_failure_cause(exc))
     return error(StoreIOError, f"unexpected failure talking to the store: {type(exc).__name__}")
 
 

@@ -12,7 +12,11 @@ from __future__ import annotations
 import threading
 import time
 
+import botocore.exceptions
+import oss2.exceptions
 import pytest
+import requests.exceptions
+import urllib3.exceptions
 
 from cachefs.errors import ObjectChanged, ObjectNotFound, StoreIOError, StoreUnavailable
 from cachefs.store.base import RetryPolicy
@@ -22,6 +26,7 @@ from cachefs.store.retry import (
     ShortBody,
     call_with_retries,
     check_body_length,
+    network_failure_cause,
 )
 from tests.waiting import WAIT_S, wait_for
 
@@ -254,7 +259,7 @@ def test_a_try_that_stalls_mid_body_is_replaced(hedged):
     def script(number, attempt):
         attempt.first_byte()
         if number == 1:  # what the SDK raises when the body stops for the read timeout
-            raise StoreUnavailable("the store is unreachable: ReadTimeoutError")
+            raise StoreUnavailable("the store did not answer in time (ReadTimeoutError)")
         return b"whole"
 
     tries = ScriptedTries(script)
@@ -343,3 +348,45 @@ def test_a_closed_pool_refuses_new_reads_in_one_line(hedged):
 
     with pytest.raises(StoreUnavailable, match=r"key 'k': the store was closed$"):
         call(reads, ScriptedTries(lambda number, attempt: b"x"))
+
+
+# --- network_failure_cause ---------------------------------------------------------------------
+
+
+def chained(*exceptions: BaseException) -> BaseException:
+    """The first exception, raised while handling the second, itself while the third... (the
+    way SDKs wrap the errors of the layers below them)."""
+    inner: BaseException | None = None
+    for exc in reversed(exceptions):
+        exc.__context__ = inner
+        inner = exc
+    return exceptions[0]
+
+
+def test_a_timeout_anywhere_in_the_chain_says_the_store_did_not_answer_in_time():
+    urllib3_timeout = urllib3.exceptions.ReadTimeoutError(None, "/k", "Read timed out.")
+    # botocore: its own class, holding urllib3's in kwargs["error"]
+    boto = botocore.exceptions.ReadTimeoutError(endpoint_url="http://h", error=urllib3_timeout)
+    # oss2: RequestError raised while handling requests' ReadTimeout, while handling urllib3's
+    oss = chained(
+        oss2.exceptions.RequestError(requests.exceptions.ReadTimeout("t")),
+        requests.exceptions.ReadTimeout("t"),
+        urllib3_timeout,
+    )
+
+    assert network_failure_cause(boto) == "the store did not answer in time (ReadTimeoutError)"
+    assert network_failure_cause(oss) == "the store did not answer in time (ReadTimeoutError)"
+    socket_timeout = TimeoutError("timed out")
+    assert network_failure_cause(socket_timeout).endswith("did not answer in time (TimeoutError)")
+
+
+def test_a_refused_connection_is_unreachable_not_a_timeout():
+    # urllib3's NewConnectionError is a ConnectTimeoutError subclass: the OS error decides.
+    refused = chained(
+        urllib3.exceptions.NewConnectionError(None, "Failed to establish a new connection"),
+        ConnectionRefusedError(111, "Connection refused"),
+    )
+
+    assert network_failure_cause(refused) == (
+        "the store is unreachable: Connection refused (NewConnectionError)"
+    )
