@@ -55,6 +55,7 @@ from cachefs.protocol import (
     CleanupPolicy,
     DatasetSpec,
 )
+from cachefs.stats import DEFAULT_INTERVAL_S
 from cachefs.units import format_size, parse_duration, parse_size
 
 log = logging.getLogger(__name__)
@@ -727,43 +728,90 @@ def _selection_text(job: dict) -> str:
     return what
 
 
-def _progress_line(job: dict) -> str:
+def _preload_fraction(job: dict) -> float:
     total, done = job["bytes"], job["bytes_done"]
-    fraction = done / total if total else (1.0 if job["planned"] else 0.0)
-    bar = "#" * int(30 * fraction) + "-" * (30 - int(30 * fraction))
+    return done / total if total else (1.0 if job["planned"] else 0.0)
+
+
+def _progress_text(job: dict) -> str:
+    """A preload job's progress in words: the bar's caption."""
+    total, done = job["bytes"], job["bytes_done"]
     eta = f"ETA {job['eta_s']:.0f}s" if job.get("eta_s") is not None else ""
     planned = "" if job["planned"] else f" (planning {job['shards_reported']}/1024 shards)"
     return (
-        f"[{bar}] {100 * fraction:5.1f}%  {job['objects_done']}/{job['objects']} objects  "
+        f"{job['objects_done']}/{job['objects']} objects  "
         f"{format_size(done)}/{format_size(total)}  {format_size(int(job['rate_bytes_per_s']))}/s"
         f"  {eta}  failed {job['failed_count']}{planned}"
     )
 
 
+def _progress_line(job: dict) -> str:
+    fraction = _preload_fraction(job)
+    bar = "#" * int(30 * fraction) + "-" * (30 - int(30 * fraction))
+    return f"[{bar}] {100 * fraction:5.1f}%  {_progress_text(job)}"
+
+
+def _scheduled_text(job: dict) -> str:
+    at = time.localtime(job["selection"]["at"])
+    return f"scheduled for {time.strftime('%Y-%m-%d %H:%M', at)}"
+
+
+#: How often `preload --wait` asks for the job's progress, in seconds.
+PRELOAD_POLL_S = 0.5
+
+
 def _wait_for_preload(
     client: CoordinatorClient | ControlClient, dataset: str, *, json_output: bool
 ) -> dict:
-    """Poll until the job is over, drawing a progress bar (a line every few seconds when the
-    output is not a terminal)."""
-    tty = sys.stderr.isatty()
+    """Poll until the job is over, showing its progress on stderr: rich's progress bar on a
+    terminal, else a line every few seconds (nothing with --json)."""
+    if sys.stderr.isatty() and not json_output:
+        return _preload_progress_bar(client, dataset)
     last_line = 0.0
     while True:
         job = client.preload_status(dataset)
         over = job["state"] not in ("running", "scheduled")
-        if not json_output:
-            if job["state"] == "scheduled":
-                at = time.localtime(job["selection"]["at"])
-                line = f"scheduled for {time.strftime('%Y-%m-%d %H:%M', at)}"
-            else:
-                line = _progress_line(job)
-            if tty:
-                print("\r" + line, end="\n" if over else "", file=sys.stderr, flush=True)
-            elif over or time.monotonic() - last_line > 5:
-                print(line, file=sys.stderr, flush=True)
-                last_line = time.monotonic()
+        if not json_output and (over or time.monotonic() - last_line > 5):
+            scheduled = job["state"] == "scheduled"
+            line = _scheduled_text(job) if scheduled else _progress_line(job)
+            print(line, file=sys.stderr, flush=True)
+            last_line = time.monotonic()
         if over:
             return job
-        time.sleep(0.5)
+        time.sleep(PRELOAD_POLL_S)
+
+
+def _preload_progress_bar(client: CoordinatorClient | ControlClient, dataset: str) -> dict:
+    """rich draws the bar and its caption, redrawn in place (shorter text leaves nothing
+    behind) and ended with a newline however the wait ends (Ctrl-C included)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+    progress = Progress(
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.description}"),
+        console=Console(stderr=True, highlight=False),
+        auto_refresh=False,  # redrawn at each answer: no drawing thread
+    )
+    with progress:
+        bar = progress.add_task("", total=None)  # pulses until there is a fraction
+        while True:
+            job = client.preload_status(dataset)
+            if job["state"] == "scheduled":
+                progress.update(bar, total=None, description=_scheduled_text(job))
+            else:
+                fraction = _preload_fraction(job) if job["planned"] else None
+                progress.update(
+                    bar,
+                    total=None if fraction is None else 1.0,
+                    completed=fraction or 0.0,
+                    description=_progress_text(job),
+                )
+            progress.refresh()
+            if job["state"] not in ("running", "scheduled"):
+                return job
+            time.sleep(PRELOAD_POLL_S)
 
 
 def _print_preload(job: dict) -> None:
@@ -817,6 +865,25 @@ def cmd_nodes(args) -> int:
                 f"  {held['dataset']:<16} {format_size(held['cached_bytes']):>10}"
                 f"  {_fraction(held['fraction'])}"
             )
+    return 0
+
+
+def cmd_stats(args) -> int:
+    """A live view of the local worker, or with a coordinator of the whole cluster
+    (cachefs/stats.py). Ctrl-C is how a live view ends: exit 130, nothing printed."""
+    from cachefs import stats
+
+    interval_s = parse_duration(args.interval)
+    if interval_s <= 0:
+        raise ConfigError(f"--interval must be more than 0, got {args.interval!r}")
+    cluster = _coordinator(args)
+    client = cluster or ControlClient(args.state)
+    source = stats.ClusterSource(cluster) if cluster else stats.WorkerSource(client)
+    with client:
+        try:
+            stats.run(source, interval_s=interval_s, once=args.once, json_output=args.json)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
     return 0
 
 
@@ -1054,6 +1121,22 @@ def _add_other_commands(sub) -> None:
     status = sub.add_parser("status", help="tiers, datasets, hit ratio")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    stats = sub.add_parser(
+        "stats",
+        help="live view: reads/s, hit ratio per tier, peer and store GETs, FUSE latency, "
+        "preloads (of the whole cluster with --coordinator)",
+    )
+    stats.add_argument(
+        "--interval", default=f"{DEFAULT_INTERVAL_S:g}s", help="time between samples (%(default)s)"
+    )
+    stats.add_argument(
+        "--once", action="store_true", help="print one view (two samples one interval apart)"
+    )
+    stats.add_argument(
+        "--json", action="store_true", help="JSON: one document with --once, else a line each"
+    )
+    stats.set_defaults(func=cmd_stats)
 
     dataset = sub.add_parser("dataset", help="manage datasets").add_subparsers(
         dest="dataset_command", required=True

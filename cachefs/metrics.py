@@ -9,8 +9,10 @@ prometheus_client is used only at scrape time, through a custom collector.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -90,6 +92,8 @@ class WorkerMetrics:
         # FUSE
         self.fuse_latency = LabeledHistograms()  # op -> seconds
         self.fuse_errors: dict[str, int] = {}  # errno name -> count
+        # READs at offset 0: a file's first bytes asked for through the mount (files/s)
+        self.files_read = 0
 
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
         key = (op, outcome)
@@ -102,6 +106,31 @@ class WorkerMetrics:
 
     def peer_request(self, outcome: str) -> None:
         self.peer_requests[outcome] = self.peer_requests.get(outcome, 0) + 1
+
+    def activity(self) -> dict[str, Any]:
+        """The counters `cachefs stats` shows (cachefs/stats.py), sampled now and stamped with
+        this machine's clock: in the worker's status and in every heartbeat, so the coordinator
+        shows them for the whole cluster. Totals since the start only: readers compute rates
+        from the deltas between two samples. A counter added here is shown by name; the native
+        fast path's reads go in as ``native_reads``."""
+        counters = {
+            "files_read": self.files_read,
+            "bytes_read": sum(self.bytes_served.values()),
+            **{f"hits_{tier}": n for tier, n in self.hits.items()},
+            "misses": self.misses,
+            "python_reads": self.fuse_latency.get("read").count,  # FUSE READs served here
+            "peer_gets": sum(self.peer_requests.values()),
+            "store_gets": sum(n for (op, _), n in self.store_requests.items() if op == "get"),
+        }
+        return {
+            "sampled_at": time.time(),
+            "counters": counters,
+            "fuse_latency_bounds": list(LATENCY_BUCKETS),
+            "fuse_latency": {
+                op: list(hist.bucket_counts)
+                for op, hist in sorted(self.fuse_latency.by_label.items())
+            },
+        }
 
     def hit_ratio(self) -> float | None:
         """Share of block reads served by a cache tier. Reads served from the small
@@ -193,6 +222,11 @@ class _WorkerCollector(Collector):
         for name, n in sorted(m.fuse_errors.items()):
             errors.add_metric([name], n)
         yield errors
+        yield CounterMetricFamily(
+            "cachefs_fuse_files_read",
+            "FUSE READs at offset 0 (a file's first bytes asked for)",
+            value=m.files_read,
+        )
         yield from self._extra()
 
 

@@ -764,6 +764,7 @@ class Worker(WorkerAPI):
                 {"name": u.name, "capacity": u.capacity, "used": u.used} for u in self.cache.usage()
             ],
             "datasets": datasets,
+            "activity": self.metrics.activity(),  # `cachefs stats --coordinator` shows it
         }
 
     def served_source_id(self, dataset: str) -> int | None:
@@ -847,6 +848,7 @@ class Worker(WorkerAPI):
                 "blocks_served": m.peer_served,
             },
             "fill": {"blocks": dict(m.fill_blocks), "bytes": m.fill_bytes},
+            "activity": m.activity(),  # what `cachefs stats` shows
             "cluster": self._cluster_status(),
             "cleanup": self._cleanup_status(),
             "open_files": self.fs.open_handles(),

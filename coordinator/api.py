@@ -169,6 +169,23 @@ class ShardReport(BaseModel):
     complete: bool = False
 
 
+_CounterName = Annotated[str, Field(max_length=64)]
+_Count = Annotated[int, Field(ge=0)]
+_BucketCounts = Annotated[list[_Count], Field(max_length=65)]
+
+
+class ActivityReport(BaseModel):
+    """A worker's read counters since it started (cachefs/metrics.py WorkerMetrics.activity),
+    stamped with its clock: kept as last reported for `cachefs stats`, acted on by nothing."""
+
+    sampled_at: float = Field(0.0, ge=0, allow_inf_nan=False)
+    counters: dict[_CounterName, _Count] = Field(default_factory=dict, max_length=64)
+    fuse_latency_bounds: list[float] = Field(default_factory=list, max_length=64)
+    fuse_latency: dict[_CounterName, _BucketCounts] = Field(
+        default_factory=dict, max_length=32, description="op -> counts per bucket, +Inf last"
+    )
+
+
 class HeartbeatIn(BaseModel):
     address: str = Field(pattern=r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$", description="peer HOST:PORT")
     gpus: int = Field(0, ge=0, le=4096)
@@ -177,6 +194,7 @@ class HeartbeatIn(BaseModel):
     preloads: dict[str, dict[str, ShardReport]] = Field(default_factory=dict)
     fills: dict[str, FillReport] = Field(default_factory=dict)
     tasks_done: dict[str, TaskResult] = Field(default_factory=dict)
+    activity: ActivityReport | None = None
 
 
 # Documented on every authenticated route (the spec must name every status a route answers).

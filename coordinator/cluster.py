@@ -59,6 +59,8 @@ class NodeState:
     tiers: list[dict] = field(default_factory=list)
     # dataset -> {"bytes": snapshot size, "files": n, "cached_bytes": n, "shards": {shard: bytes}}
     datasets: dict[str, dict] = field(default_factory=dict)
+    # read counters as last reported (cachefs/metrics.py WorkerMetrics.activity; cachefs stats)
+    activity: dict | None = None
 
     def durable(self) -> dict:
         return {"node": self.node, "address": self.address, "registered_at": self.registered_at}
@@ -279,6 +281,7 @@ class Cluster:
             state.gpus = report.get("gpus", 0)
             state.tiers = report.get("tiers", [])
             state.datasets = report.get("datasets", {})
+            state.activity = report.get("activity")
             for job_id, shards in report.get("preloads", {}).items():
                 self._record_preload_progress(node, job_id, shards)
             self.manager.on_heartbeat(node, report)
@@ -345,6 +348,7 @@ class Cluster:
             "gpus": state.gpus,
             "tiers": state.tiers,
             "datasets": held,
+            "activity": state.activity,
         }
 
     def check_liveness(self) -> list[str]:

@@ -198,6 +198,8 @@ class FuseOperations(pyfuse3.Operations):
 
     async def read(self, fh, off, size):
         began = time.perf_counter()
+        if off == 0:  # a file's first bytes: the kernel's first READ of it (files/s)
+            self.metrics.files_read += 1
         try:
             if fh >= INODE_FH_THRESHOLD:  # no-open mode: the patched pyfuse3 passed the inode
                 return await self.fs.read_inode(fh, off, size)

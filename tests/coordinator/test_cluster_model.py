@@ -126,7 +126,12 @@ def test_heartbeat_registers_a_node(cluster: Cluster, clock: FakeClock) -> None:
         "gpus": 8,
         "tiers": tiers,
         "datasets": [],
+        "activity": None,
     }
+    # The read counters a worker reports are kept as last reported (`cachefs stats`).
+    activity = {"sampled_at": 12.5, "counters": {"files_read": 3}, "fuse_latency": {}}
+    beat(cluster, "n1", activity=activity)
+    assert cluster.node_status("n1")["activity"] == activity
     beat(cluster, "n2")
     assert [n["node"] for n in cluster.list_nodes()] == ["n1", "n2"]
     # A new address replaces the old one.
