@@ -101,23 +101,28 @@ def backoff_s(policy: RetryPolicy, failures: int, jitter: Callable[[], float]) -
 
 class AttemptAbandoned(Exception):
     """Raised inside a try that lost (another try answered, or the budget ran out) to stop it
-    between chunks of its body; :class:`HedgedReads` swallows it."""
+    before its body, or between chunks of it; :class:`HedgedReads` swallows it."""
 
 
 class Attempt:
     """One try of a hedged read, as the function doing it sees it.
 
     The function calls :meth:`first_byte` once the store has started answering (response
-    headers in), and :meth:`check_abandoned` between chunks of the body.
+    headers in), and :meth:`check_abandoned` before it reads the body.
+
+    Progress is kept in plain attributes, written by the try's thread and read by the caller's
+    when one of its timers fires (single attribute stores are atomic in CPython): a read that
+    goes well wakes its caller once, with its outcome, however many steps it took.
     """
 
-    def __init__(self, number: int, events: queue.SimpleQueue):
+    def __init__(self, number: int):
         self.number = number  # 1 for the first try of a read
-        self._events = events
+        self.began_at: float | None = None  # when a pool thread took it up
+        self.answered = False  # its first byte came
         self._abandoned = threading.Event()
 
     def first_byte(self) -> None:
-        self._events.put(_Event("first_byte", self))
+        self.answered = True
 
     def check_abandoned(self) -> None:
         if self._abandoned.is_set():
@@ -126,21 +131,24 @@ class Attempt:
     def abandon(self) -> None:
         self._abandoned.set()
 
+    def silent_for(self, now: float) -> float:
+        """How long it has waited for its first byte (0 if it answered or has not begun)."""
+        began_at = self.began_at
+        if self.answered or began_at is None:
+            return 0.0
+        return now - began_at
+
 
 @dataclass
-class _Event:
-    kind: str  # "began" (a pool thread runs it), "first_byte", "done" or "failed"
+class _Outcome:
     attempt: Attempt
-    outcome: Any = None  # the result ("done") or the exception ("failed")
+    result: Any = None
+    error: BaseException | None = None
 
 
-@dataclass
-class _Live:
-    """The caller's view of a try it has not given up on."""
-
-    attempt: Attempt
-    began_at: float | None = None  # None while it waits for a pool thread
-    answered: bool = False  # its first byte came
+#: How often a caller looks again at a try still waiting for a pool thread (a saturated pool:
+#: its first-byte clock has not started).
+_NOT_BEGUN_POLL_S = 0.05
 
 
 class HedgedReads:
@@ -208,31 +216,32 @@ class HedgedReads:
         return _OneRead(self, read, what=what, stalled=stalled).run()
 
     def _launch(
-        self, read: Callable[[Attempt], T], attempt: Attempt, events: queue.SimpleQueue[_Event]
+        self, read: Callable[[Attempt], T], attempt: Attempt, outcomes: queue.SimpleQueue
     ) -> None:
         with self._lock:
             self._in_flight += 1
         try:
-            self._pool.submit(self._run, read, attempt, events)
+            self._pool.submit(self._run, read, attempt, outcomes)
         except RuntimeError:  # the pool is shut down: the store was closed
             with self._lock:
                 self._in_flight -= 1
             raise
 
     def _run(
-        self, read: Callable[[Attempt], T], attempt: Attempt, events: queue.SimpleQueue[_Event]
+        self, read: Callable[[Attempt], T], attempt: Attempt, outcomes: queue.SimpleQueue
     ) -> None:
-        """One try, on a pool thread: everything it has to say goes through ``events``."""
+        """One try, on a pool thread: its outcome goes to ``outcomes``."""
         try:
-            events.put(_Event("began", attempt))
+            attempt.began_at = time.monotonic()
             try:
+                attempt.check_abandoned()  # given up while it waited for this thread
                 result = read(attempt)
             except AttemptAbandoned:
                 return
             except BaseException as exc:  # handed to the caller, which decides
-                events.put(_Event("failed", attempt, exc))
+                outcomes.put(_Outcome(attempt, error=exc))
             else:
-                events.put(_Event("done", attempt, result))
+                outcomes.put(_Outcome(attempt, result=result))
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -240,7 +249,7 @@ class HedgedReads:
 
 class _OneRead:
     """The state of one :meth:`HedgedReads.call`: its tries, timers and last failure. Only
-    the calling thread touches it; the tries report through ``events``."""
+    the calling thread runs it; the tries report their outcomes through ``outcomes``."""
 
     def __init__(
         self,
@@ -252,10 +261,10 @@ class _OneRead:
     ):
         self.reads, self.policy = reads, reads.policy
         self.read, self.what, self.stalled = read, what, stalled
-        self.events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
+        self.outcomes: queue.SimpleQueue[_Outcome] = queue.SimpleQueue()
         self.started = time.monotonic()
         self.deadline = self.started + self.policy.deadline_s
-        self.live: list[_Live] = []  # tries not ended and not abandoned, oldest first
+        self.live: list[Attempt] = []  # tries not ended and not abandoned, oldest first
         self.tries = 0
         self.failures = 0  # transient failures so far: the backoff's exponent
         self.last_error: StoreError | None = None
@@ -270,37 +279,34 @@ class _OneRead:
                 self._hedge_if_slow(now)
                 if now >= self.deadline or (not self.live and not self._launch_in_budget()):
                     raise self._gave_up(now)
-                event = self._next_event(now)
-                if event is None:
-                    continue  # a timer is due
-                try_ = next((t for t in self.live if t.attempt is event.attempt), None)
-                if try_ is None:
-                    continue  # news from a try already abandoned: dropped
-                if event.kind == "done":
-                    return event.outcome
-                self._note(try_, event)
+                outcome = self._next_outcome(now)
+                if outcome is None or outcome.attempt not in self.live:
+                    continue  # a timer is due, or a try already abandoned ended: dropped
+                if outcome.error is None:
+                    return outcome.result
+                self._failed(outcome.attempt, outcome.error)
         finally:
-            for try_ in self.live:
-                try_.attempt.abandon()
+            for attempt in self.live:
+                attempt.abandon()
 
     def _launch_if_due(self, now: float) -> None:
         if self.launch_at is not None and now >= self.launch_at:
             self.launch_at = None
             self.tries += 1
-            attempt = Attempt(self.tries, self.events)
+            attempt = Attempt(self.tries)
             try:
-                self.reads._launch(self.read, attempt, self.events)
+                self.reads._launch(self.read, attempt, self.outcomes)
             except RuntimeError:  # its pool is shut down: a read racing the dataset's removal
                 raise self.stalled("the store was closed") from None
-            self.live.append(_Live(attempt))
+            self.live.append(attempt)
 
     def _abandon_stalled(self, now: float) -> None:
         timeout_s = self.policy.attempt_timeout_s
-        for try_ in [t for t in self.live if _silent_for(t, now) >= timeout_s]:
-            try_.attempt.abandon()
-            self.live.remove(try_)
+        for attempt in [a for a in self.live if a.silent_for(now) >= timeout_s]:
+            attempt.abandon()
+            self.live.remove(attempt)
             self.last_error = self.stalled(f"the store did not answer within {timeout_s:g} s")
-            log.info("%s: try %d got no answer in %g s", self.what, try_.attempt.number, timeout_s)
+            log.info("%s: try %d got no answer in %g s", self.what, attempt.number, timeout_s)
             if not self.live and self.tries < self.policy.attempts:
                 self.launch_at = now  # a stall is not overload: replace it at once
 
@@ -308,52 +314,50 @@ class _OneRead:
         return self.launch_at is None and self.tries < self.policy.attempts and len(self.live) == 1
 
     def _hedge_if_slow(self, now: float) -> None:
-        if self._may_hedge() and _silent_for(self.live[0], now) >= self.policy.hedge_after_s:
-            log.debug("%s: try %d is slow, hedging", self.what, self.live[0].attempt.number)
+        if self._may_hedge() and self.live[0].silent_for(now) >= self.policy.hedge_after_s:
+            log.debug("%s: try %d is slow, hedging", self.what, self.live[0].number)
             self.launch_at = now
 
     def _launch_in_budget(self) -> bool:
         return self.launch_at is not None and self.launch_at <= self.deadline
 
-    def _next_event(self, now: float) -> _Event | None:
-        """The next event from the tries, or None once the earliest timer is due: the deadline,
-        a planned try, a hedge or a first-byte timeout."""
+    def _next_outcome(self, now: float) -> _Outcome | None:
+        """The next outcome of a try, or None once the earliest timer is due: the deadline, a
+        planned try, a hedge, a first-byte timeout, or a look at a try not begun yet."""
+        policy = self.policy
         wake_at = self.deadline if self.launch_at is None else min(self.deadline, self.launch_at)
         may_hedge = self._may_hedge()
-        for try_ in self.live:
-            if try_.began_at is None or try_.answered:
+        for attempt in self.live:
+            began_at = attempt.began_at
+            if attempt.answered:
                 continue  # no clock runs for it
-            wake_at = min(wake_at, try_.began_at + self.policy.attempt_timeout_s)
+            if began_at is None:
+                wake_at = min(wake_at, now + _NOT_BEGUN_POLL_S)
+                continue
+            wake_at = min(wake_at, began_at + policy.attempt_timeout_s)
             if may_hedge:
-                wake_at = min(wake_at, try_.began_at + self.policy.hedge_after_s)
+                wake_at = min(wake_at, began_at + policy.hedge_after_s)
         try:
-            return self.events.get(timeout=max(0.0, wake_at - now))
+            return self.outcomes.get(timeout=max(0.0, wake_at - now))
         except queue.Empty:
             return None
 
-    def _note(self, try_: _Live, event: _Event) -> None:
-        """A live try began, answered or failed."""
-        if event.kind == "began":
-            try_.began_at = time.monotonic()
-        elif event.kind == "first_byte":
-            try_.answered = True
-        else:  # "failed"
-            self.live.remove(try_)
-            error = event.outcome
-            if not (isinstance(error, StoreError) and error.transient):
-                raise error
-            self.last_error, self.failures = error, self.failures + 1
-            if not self.live and self.tries < self.policy.attempts:
-                delay = backoff_s(self.policy, self.failures, self.reads._jitter)
-                log.info(
-                    "%s failed (try %d of %d), retrying in %.2f s: %s",
-                    self.what,
-                    try_.attempt.number,
-                    self.policy.attempts,
-                    delay,
-                    error,
-                )
-                self.launch_at = time.monotonic() + delay
+    def _failed(self, attempt: Attempt, error: BaseException) -> None:
+        self.live.remove(attempt)
+        if not (isinstance(error, StoreError) and error.transient):
+            raise error
+        self.last_error, self.failures = error, self.failures + 1
+        if not self.live and self.tries < self.policy.attempts:
+            delay = backoff_s(self.policy, self.failures, self.reads._jitter)
+            log.info(
+                "%s failed (try %d of %d), retrying in %.2f s: %s",
+                self.what,
+                attempt.number,
+                self.policy.attempts,
+                delay,
+                error,
+            )
+            self.launch_at = time.monotonic() + delay
 
     def _gave_up(self, now: float) -> StoreError:
         last_error = self.last_error
@@ -367,13 +371,6 @@ class _OneRead:
             )
         error.__cause__ = last_error
         return error
-
-
-def _silent_for(try_: _Live, now: float) -> float:
-    """How long a try has waited for its first byte (0 if it answered or has not begun)."""
-    if try_.answered or try_.began_at is None:
-        return 0.0
-    return now - try_.began_at
 
 
 def check_body_length(body: bytes, expected: int, *, key: str, store: str, dataset: str) -> bytes:
