@@ -39,6 +39,7 @@ from cachefs.client import (
     find_token,
     one_line,
 )
+from cachefs.csi import DEFAULT_KUBELET_DIR
 from cachefs.errors import CachefsError, ConfigError, EmptySource, StoreError
 from cachefs.fs.permissions import (
     DEFAULT_DIR_MODE,
@@ -910,6 +911,21 @@ def cmd_demo(args) -> int:
     )
 
 
+def cmd_csi(args) -> int:
+    from cachefs.csi import DRIVER_NAME
+    from cachefs.csi.server import PluginConfig, run_until_signalled
+
+    config = PluginConfig(
+        endpoint=args.endpoint, node=args.node, state_dir=args.state, kubelet_dir=args.kubelet_dir
+    )
+    run_until_signalled(
+        config,
+        f"cachefs: CSI node plugin {DRIVER_NAME} for node {config.node} on {config.endpoint} "
+        f"(worker state {config.state_dir}, targets under {config.kubelet_dir}/pods)",
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cachefs", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -1207,6 +1223,19 @@ def _add_other_commands(sub) -> None:
     demo.add_argument("--files", type=int, default=2000)
     demo.add_argument("--keep", action="store_true", help="leave the worker running")
     demo.set_defaults(func=cmd_demo)
+
+    csi = sub.add_parser(
+        "csi", help="run the Kubernetes CSI node plugin: datasets as read-only volumes"
+    )
+    csi.add_argument("--endpoint", required=True, help="unix:///PATH of the plugin's socket")
+    csi.add_argument("--node", required=True, help="this node's id (the Kubernetes node name)")
+    csi.add_argument(
+        "--kubelet-dir",
+        default=DEFAULT_KUBELET_DIR,
+        help="the kubelet's root directory: target paths outside its pods/ are refused "
+        "(default %(default)s)",
+    )
+    csi.set_defaults(func=cmd_csi)
 
 
 # --- the entry point: every failure is one line on stderr and an exit status -----------------

@@ -31,6 +31,8 @@ class MountEntry:
     device: str  # "major:minor"; for FUSE the minor is the connection's number
     path: str  # the mountpoint, with mountinfo's octal escapes decoded
     fstype: str  # e.g. "fuse.cachefs", "tmpfs", "ext4"
+    root: str = "/"  # the directory of the filesystem mounted here: "/imagenet" for a bind
+    options: tuple[str, ...] = ()  # this mount's own options, e.g. ("ro", "nosuid", "nodev")
 
     @property
     def is_fuse(self) -> bool:
@@ -68,7 +70,16 @@ def mounts(mountinfo: str = MOUNTINFO) -> list[MountEntry]:
             fields, tail = before.split(), after.split()
             if len(fields) < 5 or not tail:
                 continue
-            entries.append(MountEntry(int(fields[0]), fields[2], _unescape(fields[4]), tail[0]))
+            entries.append(
+                MountEntry(
+                    int(fields[0]),
+                    fields[2],
+                    _unescape(fields[4]),
+                    tail[0],
+                    root=_unescape(fields[3]),
+                    options=tuple(fields[5].split(",")) if len(fields) > 5 else (),
+                )
+            )
     return entries
 
 
