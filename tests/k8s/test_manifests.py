@@ -21,6 +21,9 @@ import pytest
 import yaml
 
 from cachefs.cli import build_parser
+from cachefs.csi import DATASET_ATTRIBUTE, DRIVER_NAME
+from cachefs.csi.server import socket_path
+from cachefs.protocol import check_dataset_name
 from cachefs.units import parse_duration, parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +41,9 @@ DATASET_LABEL = "cachefs.io/dataset"
 CACHEFS_IMAGE = "ghcr.io/cachefs/cachefs"
 OVERLAYS = ("overlays/dev", "overlays/production", "overlays/elastic")
 DEPLOYABLE = ("base", *OVERLAYS)  # trees that deploy cachefs itself (examples is a user Job)
+EXAMPLES = ("examples", "examples/hostpath")  # a training namespace; the hostPath fallback
+EXAMPLE_NAMESPACE = "ml"
+CSI_NODE = "cachefs-csi-node"  # the node plugin's DaemonSet
 
 # The only RBAC rules cachefs grants itself (the scheduler binds built-in roles only).
 SCALER_RULES = [
@@ -406,6 +412,175 @@ def check_example_job(job: dict) -> None:
     assert any("/mnt/cachefs/imagenet" in part for part in train["command"])
 
 
+def host_path(spec: dict, c: dict, path: str) -> str:
+    """The host path that ``path`` in container ``c`` is, through its hostPath volume."""
+    mount, source = volume_under(spec, c, path)
+    assert "hostPath" in source, f"{c['name']}: {path} is not on a hostPath"
+    return source["hostPath"]["path"].rstrip("/") + path[len(mount["mountPath"].rstrip("/")) :]
+
+
+def check_csi_node(objects) -> None:
+    """The CSIDriver, and the node plugin DaemonSet wired to the kubelet (socket, registration,
+    pods directory) and to the worker (its mount and its control socket) of the same tree."""
+    driver = one(objects, "CSIDriver", DRIVER_NAME)["spec"]
+    assert driver["attachRequired"] is False  # no controller: nothing to attach
+    assert driver["podInfoOnMount"] is True
+    assert driver["requiresRepublish"] is True  # how a volume returns after a worker restart
+    assert driver["fsGroupPolicy"] == "None"  # read-only data: never chowned
+    assert set(driver["volumeLifecycleModes"]) == {"Persistent", "Ephemeral"}
+
+    daemonset = one(objects, "DaemonSet", CSI_NODE)
+    spec = pod_spec(daemonset)
+    plugin = container(daemonset, "csi-node")
+    assert plugin["command"] == ["cachefs", "csi"]
+    parsed = parse_cli(["csi", *cli_args(plugin)])  # the real CLI accepts every flag
+    assert field_env(plugin).get("NODE_NAME") == "spec.nodeName"
+    assert parsed.node == "<spec.nodeName>"
+    assert plugin["securityContext"]["privileged"] is True  # mount(2), Bidirectional
+    # Target paths are host paths in the kubelet's pods directory: the plugin sees them at the
+    # same path, shared Bidirectional so that its bind mounts reach the host and the pods.
+    pods = parsed.kubelet_dir.rstrip("/") + "/pods"
+    assert volume_under(spec, plugin, pods)[0].get("mountPropagation") == "Bidirectional"
+    assert host_path(spec, plugin, pods) == pods
+    # The kubelet calls the socket at the path the registrar registers; the sidecars reach
+    # the very same file.
+    socket = socket_path(parsed.endpoint)
+    socket_on_host = host_path(spec, plugin, socket)
+    assert socket_on_host == f"/var/lib/kubelet/plugins/{DRIVER_NAME}/{Path(socket).name}"
+    registrar = container(daemonset, "node-driver-registrar")
+    registrar_args = cli_args(registrar)
+    assert flag(registrar_args, "--csi-address") == socket
+    assert host_path(spec, registrar, socket) == socket_on_host
+    assert flag(registrar_args, "--kubelet-registration-path") == socket_on_host
+    assert host_path(spec, registrar, "/registration") == "/var/lib/kubelet/plugins_registry"
+    registrar_port = flag(registrar_args, "--http-endpoint").rsplit(":", 1)[1]
+    registrar_ports = {p["name"]: p["containerPort"] for p in registrar["ports"]}
+    assert registrar_ports[registrar["livenessProbe"]["httpGet"]["port"]] == int(registrar_port)
+    liveness = container(daemonset, "liveness-probe")
+    liveness_args = cli_args(liveness)
+    assert flag(liveness_args, "--csi-address") == socket
+    assert host_path(spec, liveness, socket) == socket_on_host
+    plugin_ports = {p["name"]: p["containerPort"] for p in plugin["ports"]}
+    probe_port = plugin["livenessProbe"]["httpGet"]["port"]
+    assert plugin_ports[probe_port] == int(flag(liveness_args, "--health-port"))
+    for c in (registrar, liveness):
+        assert not c["securityContext"].get("privileged"), c["name"]
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
+
+    # The worker of the same tree: the plugin sees its FUSE mount at the path the worker
+    # reports (HostToContainer: a later mount shows up) and its state directory (the control
+    # socket) on the same host directories.
+    (worker,) = workers(objects)
+    worker_spec, worker_c = pod_spec(worker), container(worker, "worker")
+    worker_args = parse_cli(["worker", *cli_args(worker_c)])
+    mnt = volume_under(spec, plugin, worker_args.mount)[0]
+    assert mnt.get("mountPropagation") in ("HostToContainer", "Bidirectional")
+    assert host_path(spec, plugin, worker_args.mount) == host_path(
+        worker_spec, worker_c, worker_args.mount
+    )
+    assert host_path(spec, plugin, parsed.state) == host_path(
+        worker_spec, worker_c, worker_args.state
+    )
+    # Where the workers run.
+    assert spec["nodeSelector"] == worker_spec["nodeSelector"]
+    for toleration in worker_spec.get("tolerations", []):
+        assert toleration in spec.get("tolerations", []), toleration
+
+
+# The Pod Security Standards' baseline profile, as admission enforces it in the example's
+# namespace: the capabilities a container may add and the sysctls a pod may set.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+BASELINE_SYSCTLS = {
+    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}  # fmt: skip
+BASELINE_SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t",
+                          "container_engine_t"}  # fmt: skip
+
+
+def check_pod_security_baseline(spec: dict) -> None:
+    """Every control of the baseline profile: no host namespaces, hostPath volumes, host
+    ports, privileged containers, added capabilities beyond the default set, unsafe sysctls,
+    unmasked /proc, Unconfined seccomp or AppArmor, custom SELinux users or roles, Windows
+    host processes."""
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(key), key
+    assert not [v["name"] for v in spec.get("volumes", []) if "hostPath" in v], "hostPath"
+    pod_context = spec.get("securityContext", {})
+    sysctls = {sysctl["name"] for sysctl in pod_context.get("sysctls", [])}
+    assert sysctls <= BASELINE_SYSCTLS, sysctls
+    contexts = [pod_context]
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        context = c.get("securityContext", {})
+        assert not context.get("privileged"), f"{c['name']}: privileged"
+        added = set(context.get("capabilities", {}).get("add", []))
+        assert added <= BASELINE_CAPABILITIES, f"{c['name']}: adds {added}"
+        assert context.get("procMount", "Default") == "Default", c["name"]
+        assert not [p for p in c.get("ports", []) if p.get("hostPort")], f"{c['name']}: hostPort"
+        contexts.append(context)
+    for context in contexts:
+        assert not context.get("windowsOptions", {}).get("hostProcess")
+        assert context.get("seccompProfile", {}).get("type") != "Unconfined"
+        assert context.get("appArmorProfile", {}).get("type") != "Unconfined"
+        selinux = context.get("seLinuxOptions", {})
+        assert selinux.get("type", "") in BASELINE_SELINUX_TYPES
+        assert not selinux.get("user") and not selinux.get("role")
+
+
+def check_cachefs_volume(pv: dict, claim: dict) -> str:
+    """A statically provisioned cachefs PersistentVolume and its claim; the dataset it names."""
+    csi = pv["spec"]["csi"]
+    assert csi["driver"] == DRIVER_NAME
+    assert csi.get("readOnly") is True
+    assert pv["spec"]["accessModes"] == ["ReadOnlyMany"] == claim["spec"]["accessModes"]
+    assert pv["spec"]["storageClassName"] == "" == claim["spec"]["storageClassName"]
+    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+    ref = pv["spec"]["claimRef"]  # pre-bound: no other claim takes it
+    assert (ref["namespace"], ref["name"]) == (
+        claim["metadata"]["namespace"],
+        claim["metadata"]["name"],
+    )
+    assert claim["spec"]["volumeName"] == pv["metadata"]["name"]
+    requested = k8s_quantity(claim["spec"]["resources"]["requests"]["storage"])
+    assert requested <= k8s_quantity(pv["spec"]["capacity"]["storage"])
+    attributes = csi.get("volumeAttributes", {})
+    assert set(attributes) <= {DATASET_ATTRIBUTE}, f"the plugin refuses attributes {attributes}"
+    return check_dataset_name(attributes.get(DATASET_ATTRIBUTE, csi["volumeHandle"]))
+
+
+def check_pvc_example(objects) -> None:
+    """The training namespace under baseline Pod Security; the Job reads its dataset through
+    a read-only claim of a cachefs PersistentVolume, and is admitted there."""
+    namespace = one(objects, "Namespace", EXAMPLE_NAMESPACE)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    (job,) = find(objects, "Job")
+    template = job["spec"]["template"]
+    spec = template["spec"]
+    check_pod_security_baseline(spec)
+    assert spec["schedulerName"] == SCHEDULER_NAME
+    assert spec["nodeSelector"].get(WORKER_LABEL) == "true"
+    train = container(job, "train")
+    claims = [v for v in spec["volumes"] if "persistentVolumeClaim" in v]
+    assert claims, "the Job mounts no claim"
+    for source in claims:
+        ref = source["persistentVolumeClaim"]
+        assert ref.get("readOnly") is True, source["name"]
+        claim = one(objects, "PersistentVolumeClaim", ref["claimName"])
+        pv = one(objects, "PersistentVolume", claim["spec"]["volumeName"])
+        dataset = check_cachefs_volume(pv, claim)
+        assert template["metadata"]["labels"].get(DATASET_LABEL) == dataset
+        (mount,) = [m for m in train["volumeMounts"] if m["name"] == source["name"]]
+        assert mount.get("readOnly") is True
+        # So that the volume the plugin republishes after a worker restart reaches the pod.
+        assert mount.get("mountPropagation") == "HostToContainer"
+        assert any(f"{mount['mountPath']}/" in part for part in train["command"])
+
+
 def check_images(objects) -> None:
     for workload in pod_workloads(objects):
         spec = pod_spec(workload)
@@ -585,10 +760,21 @@ def test_names_are_unique_and_namespaced_objects_live_in_cachefs(rendered, targe
     objects = rendered[target]
     ids = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
     assert len(ids) == len(set(ids))
-    if target == "examples":
+    cluster_scoped = {
+        "Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "CSIDriver",
+        "PersistentVolume",
+    }  # fmt: skip
+    for o in objects:
+        if o["kind"] in cluster_scoped:
+            assert "namespace" not in o["metadata"], kv.name_of(o)
+    if target == "examples/hostpath":
         assert all("namespace" not in o["metadata"] for o in objects)  # the user's namespace
         return
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+    if target == "examples":
+        for o in objects:
+            if o["kind"] not in cluster_scoped:
+                assert o["metadata"].get("namespace") == EXAMPLE_NAMESPACE, kv.name_of(o)
+        return
     for o in objects:
         if o["kind"] not in cluster_scoped:
             assert o["metadata"].get("namespace") == NAMESPACE, kv.name_of(o)
@@ -703,10 +889,10 @@ def test_the_coordinator_is_one_replica_on_its_pvc_with_health_probes(rendered, 
 
 
 @pytest.mark.parametrize("target", DEPLOYABLE)
-def test_no_hostpath_outside_the_worker(rendered, target):
+def test_no_hostpath_outside_the_worker_and_the_csi_node_plugin(rendered, target):
     for workload in pod_workloads(rendered[target]):
-        if workload["metadata"]["name"] == "cachefs-worker":
-            continue
+        if workload["metadata"]["name"] in ("cachefs-worker", CSI_NODE):
+            continue  # checked by check_worker and check_csi_node
         spec = pod_spec(workload)
         assert not [v for v in spec.get("volumes", []) if "hostPath" in v], kv.name_of(workload)
         for c in spec["containers"]:
@@ -812,7 +998,7 @@ def test_the_scheduler_check_catches(rendered, breakage):
 # --- tests: secrets, images, monitoring ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", (*DEPLOYABLE, "examples"))
+@pytest.mark.parametrize("target", (*DEPLOYABLE, *EXAMPLES))
 def test_secrets_are_referenced_never_inlined(rendered, target):
     check_secrets_not_inlined(rendered[target])
 
@@ -855,7 +1041,7 @@ def test_production_secret_files_stay_out_of_git():
         assert tracked.returncode != 0, f"{path} is tracked by git"
 
 
-@pytest.mark.parametrize("target", (*DEPLOYABLE, "examples"))
+@pytest.mark.parametrize("target", (*DEPLOYABLE, *EXAMPLES))
 def test_images_are_pinned_and_cachefs_is_the_project_version(rendered, target):
     check_images(rendered[target])
 
@@ -888,7 +1074,8 @@ def test_dev_needs_no_prometheus_operator(rendered):
 
 def test_elastic_scales_a_statefulset_with_an_hpa_on_the_cache_used_ratio(rendered):
     objects = rendered["overlays/elastic"]
-    assert not find(objects, "DaemonSet")
+    # The workers are no DaemonSet; the CSI node plugin still is (one per worker node).
+    assert [d["metadata"]["name"] for d in find(objects, "DaemonSet")] == [CSI_NODE]
     assert not find(objects, "Deployment", "cachefs-scaler")  # one controller sizes the cache
     assert not find(objects, "ClusterRole")
     statefulset = one(objects, "StatefulSet", "cachefs-worker")
@@ -934,15 +1121,15 @@ def test_elastic_workers_run_the_production_pod_one_per_node(rendered):
 # --- tests: the example Job ---------------------------------------------------------------------
 
 
-def test_the_example_job_reads_the_mount_with_host_to_container_propagation(rendered):
-    (job,) = rendered["examples"]
+def test_the_hostpath_example_job_reads_the_mount_with_host_to_container_propagation(rendered):
+    (job,) = rendered["examples/hostpath"]
     assert job["kind"] == "Job"
     check_example_job(job)
 
 
 @pytest.mark.parametrize("breakage", ["bidirectional", "writable", "no dataset label"])
 def test_the_example_job_check_catches(rendered, breakage):
-    (job,) = copy.deepcopy(rendered["examples"])
+    (job,) = copy.deepcopy(rendered["examples/hostpath"])
     train = container(job, "train")
     if breakage == "bidirectional":
         mount_at(train, "/mnt/cachefs")["mountPropagation"] = "Bidirectional"
@@ -952,6 +1139,114 @@ def test_the_example_job_check_catches(rendered, breakage):
         del job["spec"]["template"]["metadata"]["labels"][DATASET_LABEL]
     with pytest.raises(AssertionError):
         check_example_job(job)
+
+
+# --- tests: the CSI node plugin and the PersistentVolume example --------------------------------
+
+
+@pytest.mark.parametrize("target", DEPLOYABLE)
+def test_the_csi_node_plugin_runs_beside_each_worker_wired_to_kubelet_and_worker(rendered, target):
+    check_csi_node(rendered[target])
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        "attach required",
+        "no inline volumes",
+        "no republish",
+        "pods not bidirectional",
+        "registration path elsewhere",
+        "another worker state",
+        "worker mount unseen",
+        "unknown flag",
+    ],
+)
+def test_the_csi_node_check_catches(rendered, breakage):
+    objects = copy.deepcopy(rendered["base"])
+    driver = one(objects, "CSIDriver", DRIVER_NAME)["spec"]
+    daemonset = one(objects, "DaemonSet", CSI_NODE)
+    plugin = container(daemonset, "csi-node")
+    if breakage == "attach required":
+        driver["attachRequired"] = True
+    elif breakage == "no inline volumes":
+        driver["volumeLifecycleModes"] = ["Persistent"]
+    elif breakage == "no republish":
+        driver["requiresRepublish"] = False
+    elif breakage == "pods not bidirectional":
+        mount_at(plugin, "/var/lib/kubelet/pods")["mountPropagation"] = "HostToContainer"
+    elif breakage == "registration path elsewhere":
+        registrar = container(daemonset, "node-driver-registrar")
+        registrar["args"] = [
+            a.replace("csi.cachefs.io/csi.sock", "cachefs/csi.sock") for a in registrar["args"]
+        ]
+    elif breakage == "another worker state":
+        volume(pod_spec(daemonset), "worker-state")["hostPath"]["path"] = "/var/lib/other"
+    elif breakage == "worker mount unseen":
+        plugin["volumeMounts"] = [m for m in plugin["volumeMounts"] if m["mountPath"] != "/mnt"]
+    elif breakage == "unknown flag":
+        plugin["args"].append("--kubelet-root=/var/lib/kubelet")
+    with pytest.raises(AssertionError):
+        check_csi_node(objects)
+
+
+def test_the_example_job_reads_a_cachefs_volume_under_baseline_pod_security(rendered):
+    objects = rendered["examples"]
+    assert sorted(o["kind"] for o in objects) == [
+        "Job", "Namespace", "PersistentVolume", "PersistentVolumeClaim",
+    ]  # fmt: skip
+    check_pvc_example(objects)
+    # The hostPath fallback needs more than baseline: the check bites on it.
+    (fallback,) = rendered["examples/hostpath"]
+    with pytest.raises(AssertionError, match="hostPath"):
+        check_pod_security_baseline(pod_spec(fallback))
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        "hostPath",
+        "privileged",
+        "host network",
+        "writable claim",
+        "writer access",
+        "claim of another namespace",
+        "another driver",
+        "no propagation",
+        "unknown attribute",
+        "namespace not baseline",
+    ],
+)
+def test_the_pvc_example_check_catches(rendered, breakage):
+    objects = copy.deepcopy(rendered["examples"])
+    (job,) = find(objects, "Job")
+    spec = pod_spec(job)
+    train = container(job, "train")
+    pv = one(objects, "PersistentVolume")
+    claim = one(objects, "PersistentVolumeClaim")
+    if breakage == "hostPath":
+        spec["volumes"].append({"name": "host", "hostPath": {"path": "/mnt/cachefs"}})
+    elif breakage == "privileged":
+        train["securityContext"]["privileged"] = True
+    elif breakage == "host network":
+        spec["hostNetwork"] = True
+    elif breakage == "writable claim":
+        volume(spec, "imagenet")["persistentVolumeClaim"]["readOnly"] = False
+    elif breakage == "writer access":
+        pv["spec"]["accessModes"] = claim["spec"]["accessModes"] = ["ReadWriteOnce"]
+    elif breakage == "claim of another namespace":
+        pv["spec"]["claimRef"]["namespace"] = "default"
+    elif breakage == "another driver":
+        pv["spec"]["csi"]["driver"] = "s3.csi.aws.com"
+    elif breakage == "no propagation":
+        mount_at(train, "/data/imagenet").pop("mountPropagation")
+    elif breakage == "unknown attribute":
+        pv["spec"]["csi"]["volumeAttributes"]["datset"] = "imagenet"
+    elif breakage == "namespace not baseline":
+        labels = one(objects, "Namespace")["metadata"]["labels"]
+        labels["pod-security.kubernetes.io/enforce"] = "privileged"
+    with pytest.raises(AssertionError):
+        check_pvc_example(objects)
 
 
 # --- tests: the image ---------------------------------------------------------------------------
