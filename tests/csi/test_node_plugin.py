@@ -449,6 +449,42 @@ def test_after_a_worker_restart_a_republish_revives_the_volume_in_the_pods_view(
         worker.cleanup()
 
 
+def test_a_call_on_a_target_in_progress_is_aborted_and_a_worker_hanging_up_is_unavailable(
+    tmp_path,
+):
+    """A "worker" that accepts the plugin's connection and then hangs up. While the first
+    publish waits for it, a second call on the same target path (a retry) is ABORTED, the
+    spec's "operation pending for volume"; the first then ends UNAVAILABLE."""
+    state = tmp_path / "state"
+    state.mkdir()
+    kubelet = str(tmp_path / "kubelet")
+    with socket.socket(socket.AF_UNIX) as fake_worker:
+        fake_worker.bind(str(state / "worker.sock"))
+        fake_worker.listen(4)
+        fake_worker.settimeout(WAIT_S)
+        plugin = PluginProcess(str(tmp_path / "plugin"), state_dir=str(state), kubelet_dir=kubelet)
+        plugin.start()
+        try:
+            target = new_target(kubelet)
+            first = plugin.node.NodePublishVolume.future(publish_request(target), timeout=WAIT_S)
+            connection, _ = fake_worker.accept()  # the first call is inside, asking the worker
+            with connection:
+                for call, request in (
+                    (plugin.node.NodePublishVolume, publish_request(target)),
+                    (plugin.node.NodeUnpublishVolume, unpublish_request(target)),
+                ):
+                    error = refused(call, request)
+                    assert error.code() == grpc.StatusCode.ABORTED
+                    assert f"an operation on {target} is already in progress" in error.details()
+            with pytest.raises(grpc.RpcError) as caught:
+                first.result()
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "lost the connection to the cachefs worker" in caught.value.details()
+            assert not os.path.lexists(target)
+        finally:
+            plugin.kill()
+
+
 # --- the plugin process ---------------------------------------------------------------------------
 
 
