@@ -259,3 +259,14 @@ def gauge(
 
 def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+def labelled_counter(
+    name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str], float]]
+) -> CounterMetricFamily:
+    """A counter per label value (exported as ``<name>_total``): what only ever grows is a
+    counter, so that ``rate()`` handles the worker's restarts."""
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for label_values, value in rows:
+        family.add_metric(label_values, value)
+    return family

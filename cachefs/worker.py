@@ -52,7 +52,7 @@ from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
 from cachefs.fs.permissions import MountPermissions
 from cachefs.host import TierRequest, check_tier_sizes, warn_if_short
 from cachefs.meta import BuildResult, Snapshot, build_snapshot
-from cachefs.metrics import WorkerMetrics, counter, gauge, make_registry
+from cachefs.metrics import WorkerMetrics, counter, gauge, labelled_counter, make_registry
 from cachefs.mountpoint import forget_mount, prepare_mountpoint, remember_mount
 from cachefs.peer.client import PeerClient
 from cachefs.peer.server import create_peer_app
@@ -1041,7 +1041,7 @@ class Worker(WorkerAPI):
             "Hinted files dropped unprocessed (queue full, oldest first)",
             hints.dropped_files,
         )
-        yield gauge(
+        yield labelled_counter(
             "cachefs_prefetch_blocks",
             "Blocks of hinted files, by outcome",
             ["outcome"],

@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import signal
+import time
 from dataclasses import dataclass
 
 import trio
@@ -25,11 +26,16 @@ from cachefs.pidlock import LockHeld, take_pid_lock
 
 from .api import create_app
 from .cluster import Cluster
+from .preload import STATES as PRELOAD_STATES
 from .state import open_state_store
 
 log = logging.getLogger("coordinator")
 
 TOKEN_FILE = "token"
+# How long the per-job preload series of a finished (completed, failed, cancelled) job stay on
+# /metrics: long enough for scrapes to see its last numbers, short enough that the series of
+# old jobs do not pile up (cachefs_preload_jobs counts every job by state, without end).
+PRELOAD_SERIES_RETENTION_S = 3600.0
 
 
 @dataclass
@@ -77,10 +83,14 @@ def _read_token(path: str) -> str:
 
 
 class _ClusterCollector(Collector):
-    """Coordinator metrics, computed at scrape time from the cluster model."""
+    """Coordinator metrics, computed at scrape time from the cluster model.
 
-    def __init__(self, cluster: Cluster):
+    Labels never use ``job`` or ``instance``: Prometheus sets those itself and would rename
+    ours ``exported_job``. A preload job is labelled ``preload``."""
+
+    def __init__(self, cluster: Cluster, clock=time.time):
         self._cluster = cluster
+        self._clock = clock
 
     def collect(self):
         cluster = self._cluster
@@ -99,18 +109,44 @@ class _ClusterCollector(Collector):
             fraction.add_metric([dataset["name"]], dataset["cached_fraction"])
         yield cached
         yield fraction
-        names = ("bytes", "bytes_done", "objects", "objects_done", "failed_count")
-        families = {
-            name: GaugeMetricFamily(
-                f"cachefs_preload_{name}", f"Preload job {name}", labels=["dataset", "job", "state"]
-            )
-            for name in names
-        }
-        for job in cluster.list_preloads():
-            for name in names:
-                families[name].add_metric([job["dataset"], job["id"], job["state"]], job[name])
-        yield from families.values()
+        yield from self._preload_metrics(cluster.list_preloads(), self._clock())
         yield from self._cache_manager_metrics(cluster)
+
+    @staticmethod
+    def _preload_metrics(jobs: list[dict], now: float):
+        """Jobs by state per dataset (bounded: datasets x states), and the progress of each
+        job that runs, waits or ended less than PRELOAD_SERIES_RETENTION_S ago."""
+        by_state = GaugeMetricFamily(
+            "cachefs_preload_jobs", "Preload jobs by state", labels=["dataset", "state"]
+        )
+        counts: dict[str, dict[str, int]] = {}
+        for job in jobs:
+            per_state = counts.setdefault(job["dataset"], dict.fromkeys(PRELOAD_STATES, 0))
+            per_state[job["state"]] += 1
+        for dataset, per_state in sorted(counts.items()):
+            for state, count in per_state.items():
+                by_state.add_metric([dataset, state], count)
+        yield by_state
+        progress = {
+            "bytes": "Bytes the preload job selected (final once every shard is planned)",
+            "bytes_done": "Bytes of the preload job cached and verified",
+            "objects": "Objects the preload job selected",
+            "objects_done": "Objects of the preload job cached and verified",
+            "failed_objects": "Objects the preload job could not load",
+        }
+        families = {
+            name: GaugeMetricFamily(f"cachefs_preload_{name}", doc, labels=["dataset", "preload"])
+            for name, doc in progress.items()
+        }
+        for job in jobs:
+            ended = job["finished_at"]
+            if ended is not None and now - ended > PRELOAD_SERIES_RETENTION_S:
+                continue
+            labels = [job["dataset"], job["id"]]
+            for name in ("bytes", "bytes_done", "objects", "objects_done"):
+                families[name].add_metric(labels, job[name])
+            families["failed_objects"].add_metric(labels, job["failed_count"])
+        yield from families.values()
 
     @staticmethod
     def _cache_manager_metrics(cluster: Cluster):

@@ -130,7 +130,7 @@ def test_prefetch_hint_fetches_uncached_files_so_later_reads_skip_the_store(worl
     assert proxy.count("GET", path_contains="/ds/") == expected_blocks
     metrics = worker.client.metrics()
     assert f"cachefs_prefetch_hinted_files_total {2 * len(hinted) + 1}.0" in metrics
-    assert 'cachefs_prefetch_blocks{outcome="fetched"}' in metrics
+    assert 'cachefs_prefetch_blocks_total{outcome="fetched"}' in metrics
 
 
 def test_prefetch_and_resolve_refuse_unknown_datasets_and_oversized_batches(world):
