@@ -1,11 +1,15 @@
 """The coordinator's HTTP/JSON API (FastAPI; the OpenAPI spec is at ``/openapi.json``, the
 browsable docs at ``/docs``).
 
-Every route but ``/healthz``, ``/metrics`` and the spec itself needs ``Authorization: Bearer
-<token>``. Request bodies are pydantic models, so a malformed body is a 422 naming the field;
-domain errors map to 400/404/409 in one place (:func:`_status_of`); an unavailable state store
-is a 503. Routes are plain ``def``: FastAPI runs them in threads, which is what the blocking
-:class:`~coordinator.cluster.Cluster` wants.
+Every route but ``/healthz``, ``/metrics``, the spec and its docs needs ``Authorization: Bearer
+<token>``. The spec is the contract, checked by a schema fuzzer (tests/coordinator/
+test_api_fuzz.py): what a request's form alone decides is in it (request bodies are strict
+pydantic models, see :mod:`coordinator.json_types`), so a request it forbids is a 422 naming
+the field, and one it allows is served or refused for the cluster's state: 404 (no such dataset,
+node, copy, job) or 409 (:mod:`coordinator.errors`), mapped in one place (:func:`_status_of`);
+an unavailable state store is a 503. A method a path does not serve is a 405 whose ``Allow``
+lists every method it does. Routes are plain ``def``: FastAPI runs them in threads, which is
+what the blocking :class:`~coordinator.cluster.Cluster` wants.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ from typing import Annotated, Any, Literal
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
-from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound
+from cachefs.errors import CachefsError, DatasetExists, DatasetNotFound
 from cachefs.protocol import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_FIRST_BYTE_TIMEOUT_S,
@@ -32,7 +39,10 @@ from cachefs.protocol import (
 )
 
 from .cluster import Cluster, NodeNotFound, PreloadNotFound
+from .docs import serve_docs_offline
+from .errors import CopyNotFound, NoPreloadJob, StateConflict
 from .extender import extender_router
+from .json_types import STRICT, STRICT_OPEN, JsonInt, json_int
 from .manager import CopyBusy, JobExists, JobNotFound
 from .preload import Selection
 from .scheduling.http import placement_router
@@ -49,11 +59,27 @@ NodeName = Annotated[str, Path(pattern=NAME_PATTERN, description="node name")]
 JobName = Annotated[str, Path(pattern=NAME_PATTERN, description="job name")]
 CopyName = Annotated[str, Path(pattern=NAME_PATTERN, description="copy id (A, B, …)")]
 NodeList = list[Annotated[str, Field(pattern=NAME_PATTERN)]]
-CLEANUP_PATTERN = r"^(lock|lru|ttl:[0-9.]+(ms|s|m|h|d)?)$"
+# ttl:<a positive number>[unit], as cachefs.protocol.CleanupPolicy reads it: digits before any
+# point (".5" is not read) and a non-zero digit somewhere; bounded so that no float underflows
+# to 0 or overflows.
+_POSITIVE = r"(0*[1-9][0-9]{0,8}(\.[0-9]{1,9})?|0+\.[0-9]{0,8}[1-9][0-9]{0,8})"
+CLEANUP_PATTERN = rf"^(lock|lru|ttl:{_POSITIVE}(ms|s|m|h|d)?)$"
+# A peer address other workers can dial: no unspecified host (0, 0.0.0.0), a port in 1..65535.
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+ADDRESS_PATTERN = rf"^[A-Za-z0-9.\-]*[A-Za-z1-9\-][A-Za-z0-9.\-]*:{_PORT}$"
+# A preload path prefix, as coordinator.preload.Selection reads it: relative (no leading "/"),
+# no ".." component, no NUL.
+_SEGMENT = r"([^/\x00.][^/\x00]*|\.([^/\x00.][^/\x00]*)?|\.\.[^/\x00]+)"
+PATH_PREFIX_PATTERN = rf"^({_SEGMENT}(/{_SEGMENT}?)*)?$"
+# Shard numbers as heartbeats write them (str of an int in [0, SHARDS)).
+SHARD_PATTERN = r"^(0|[1-9][0-9]{0,2}|10[01][0-9]|102[0-3])$"
+ShardNumber = Annotated[str, Field(pattern=SHARD_PATTERN)]
+# The spec's "additionalProperties: false" beside the key pattern: other keys are refused.
+_SHARD_KEYS_ONLY = Field(json_schema_extra={"additionalProperties": False})
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
 
 class DatasetIn(_Strict):
@@ -64,7 +90,7 @@ class DatasetIn(_Strict):
     path_style: bool | None = None
     profile: str | None = Field(None, max_length=256)
     credentials_file: str | None = Field(None, max_length=4096)
-    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=64 << 10, le=64 << 20)
+    block_size: JsonInt = Field(DEFAULT_BLOCK_SIZE, ge=64 << 10, le=64 << 20)
     timeout_s: float = Field(
         DEFAULT_STORE_TIMEOUT_S, gt=0, le=600, description="one store request, all tries"
     )
@@ -72,8 +98,8 @@ class DatasetIn(_Strict):
         DEFAULT_FIRST_BYTE_TIMEOUT_S, gt=0, le=600, description="one try of a store read"
     )
     refresh_interval_s: float | None = Field(None, gt=0, le=365 * 86400)
-    max_jobs_per_copy: int | None = Field(
-        None, ge=1, le=1 << 20, description="running jobs per cached copy (no limit if absent)"
+    max_jobs_per_copy: json_int(ge=1, le=1 << 20) | None = Field(
+        None, description="running jobs per cached copy (no limit if absent)"
     )
     overflow: Literal["suspend", "clone"] = Field(
         "suspend", description="a job over the limit: queue it, or clone the copy for it"
@@ -88,20 +114,30 @@ class DatasetIn(_Strict):
     )
 
 
-class PolicyIn(_Strict):
-    """Only the fields given change; ``max_jobs_per_copy: null`` removes the limit."""
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
 
-    max_jobs_per_copy: int | None = Field(None, ge=1, le=1 << 20)
-    overflow: Literal["suspend", "clone"] | None = None
-    cleanup: str | None = Field(None, pattern=CLEANUP_PATTERN)
+
+class PolicyIn(_Strict):
+    """Only the fields given change; ``max_jobs_per_copy: null`` removes the limit (the others
+    cannot be null: a dataset always has an overflow and a cleanup policy)."""
+
+    max_jobs_per_copy: json_int(ge=1, le=1 << 20) | None = None
+    # None only stands for "not given" (model_fields_set); the spec shows no null and no default.
+    overflow: Literal["suspend", "clone"] = Field(None, json_schema_extra=_no_default)
+    cleanup: str = Field(None, pattern=CLEANUP_PATTERN, json_schema_extra=_no_default)
 
 
 class JobIn(_Strict):
     id: str = Field(pattern=NAME_PATTERN, description="the job's name, unique while it lives")
     dataset: str = Field(pattern=NAME_PATTERN)
-    nodes: int = Field(1, ge=1, le=4096, description="how many nodes the job runs on")
+    nodes: JsonInt = Field(1, ge=1, le=4096, description="how many nodes the job runs on")
     candidates: NodeList | None = Field(
-        None, max_length=4096, description="S2: nodes the job may run on (all live if absent)"
+        None,
+        min_length=1,
+        max_length=4096,
+        description="S2: nodes the job may run on (all live if absent; an empty list, a job "
+        "that may run nowhere, is refused)",
     )
     lease_s: float | None = Field(
         None,
@@ -119,79 +155,110 @@ class ScaleIn(_Strict):
 
 
 class PreloadIn(_Strict):
-    paths: list[Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=list, max_length=1000, description="path prefixes (all if empty)"
+    """A fraction of each shard's bytes or a byte budget, not both."""
+
+    model_config = {
+        **STRICT,
+        "json_schema_extra": {
+            "not": {
+                "required": ["fraction", "bytes"],
+                "properties": {"fraction": {"type": "number"}, "bytes": {"type": "integer"}},
+            }
+        },
+    }
+
+    paths: list[Annotated[str, Field(max_length=4096, pattern=PATH_PREFIX_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="path prefixes, relative, without '..' (all if empty)",
     )
     fraction: float | None = Field(None, gt=0, le=1, description="share of each shard's bytes")
-    bytes: int | None = Field(None, gt=0, description="byte budget over the selection")
+    bytes: json_int(gt=0) | None = Field(None, description="byte budget over the selection")
     at: float | None = Field(
         None, ge=0, allow_inf_nan=False, description="unix time to start (now if absent)"
     )
     copy_id: str | None = Field(None, alias="copy", pattern=NAME_PATTERN)
 
+    @model_validator(mode="after")
+    def _fraction_or_bytes(self) -> PreloadIn:
+        if self.fraction is not None and self.bytes is not None:
+            raise ValueError("give a fraction or a byte budget, not both")
+        return self
 
-class TierReport(BaseModel):
+
+class _Report(BaseModel):
+    """A worker's report: strict like the requests, but fields a newer worker adds are ignored."""
+
+    model_config = STRICT_OPEN
+
+
+class TierReport(_Report):
     name: str = Field(max_length=64)
-    capacity: int = Field(ge=0)
-    used: int = Field(ge=0)
+    capacity: JsonInt = Field(ge=0)
+    used: JsonInt = Field(ge=0)
 
 
-class DatasetReport(BaseModel):
-    bytes: int = Field(0, ge=0)
-    files: int = Field(0, ge=0)
-    cached_bytes: int = Field(0, ge=0)
-    shards: dict[str, int] = Field(default_factory=dict)
+class DatasetReport(_Report):
+    bytes: JsonInt = Field(0, ge=0)
+    files: JsonInt = Field(0, ge=0)
+    cached_bytes: JsonInt = Field(0, ge=0)
+    shards: Annotated[dict[ShardNumber, JsonInt], _SHARD_KEYS_ONLY] = Field(default_factory=dict)
     last_read_at: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
-class FillReport(BaseModel):
+class FillReport(_Report):
     copy_id: str = Field(alias="copy", max_length=64)
     id: str = Field(max_length=128)
     done: bool = False
-    copied_blocks: int = Field(0, ge=0)
-    copied_bytes: int = Field(0, ge=0)
-    absent_blocks: int = Field(0, ge=0)
-    failed_blocks: int = Field(0, ge=0)
+    copied_blocks: JsonInt = Field(0, ge=0)
+    copied_bytes: JsonInt = Field(0, ge=0)
+    absent_blocks: JsonInt = Field(0, ge=0)
+    failed_blocks: JsonInt = Field(0, ge=0)
 
 
-class TaskResult(BaseModel):
-    freed_bytes: int = Field(0, ge=0)
+class TaskResult(_Report):
+    freed_bytes: JsonInt = Field(0, ge=0)
     error: str | None = Field(None, max_length=4096)
 
 
-class ShardReport(BaseModel):
-    objects: int = Field(0, ge=0)
-    bytes: int = Field(0, ge=0)
-    done_objects: int = Field(0, ge=0)
-    done_bytes: int = Field(0, ge=0)
+class ShardReport(_Report):
+    objects: JsonInt = Field(0, ge=0)
+    bytes: JsonInt = Field(0, ge=0)
+    done_objects: JsonInt = Field(0, ge=0)
+    done_bytes: JsonInt = Field(0, ge=0)
     failed: dict[str, str] = Field(default_factory=dict)
-    failed_count: int = Field(0, ge=0)
+    failed_count: JsonInt = Field(0, ge=0)
     complete: bool = False
 
 
 _CounterName = Annotated[str, Field(max_length=64)]
-_Count = Annotated[int, Field(ge=0)]
-_BucketCounts = Annotated[list[_Count], Field(max_length=65)]
+_BucketCounts = Annotated[list[json_int(ge=0)], Field(max_length=65)]
 
 
-class ActivityReport(BaseModel):
+class ActivityReport(_Report):
     """A worker's read counters since it started (cachefs/metrics.py WorkerMetrics.activity),
     stamped with its clock: kept as last reported for `cachefs stats`, acted on by nothing."""
 
     sampled_at: float = Field(0.0, ge=0, allow_inf_nan=False)
-    counters: dict[_CounterName, _Count] = Field(default_factory=dict, max_length=64)
+    counters: dict[_CounterName, json_int(ge=0)] = Field(default_factory=dict, max_length=64)
     fuse_latency_bounds: list[float] = Field(default_factory=list, max_length=64)
     fuse_latency: dict[_CounterName, _BucketCounts] = Field(
         default_factory=dict, max_length=32, description="op -> counts per bucket, +Inf last"
     )
 
 
-class HeartbeatIn(BaseModel):
-    address: str = Field(pattern=r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$", description="peer HOST:PORT")
-    gpus: int = Field(0, ge=0, le=4096)
+class HeartbeatIn(_Report):
+    address: str = Field(
+        max_length=300,
+        pattern=ADDRESS_PATTERN,
+        description="peer HOST:PORT other workers dial (not 0.0.0.0, port 1-65535)",
+    )
+    gpus: JsonInt = Field(0, ge=0, le=4096)
     tiers: list[TierReport] = Field(default_factory=list, max_length=16)
     datasets: dict[str, DatasetReport] = Field(default_factory=dict)
-    preloads: dict[str, dict[str, ShardReport]] = Field(default_factory=dict)
+    preloads: dict[str, Annotated[dict[ShardNumber, ShardReport], _SHARD_KEYS_ONLY]] = Field(
+        default_factory=dict
+    )
     fills: dict[str, FillReport] = Field(default_factory=dict)
     tasks_done: dict[str, TaskResult] = Field(default_factory=dict)
     activity: ActivityReport | None = None
@@ -201,16 +268,21 @@ class HeartbeatIn(BaseModel):
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "A domain rule refused the request; `detail` says which"},
     401: {"description": "Missing or wrong bearer token"},
-    404: {"description": "No such dataset, node, job or preload job"},
-    409: {"description": "The dataset or job already exists, or the copy is still filling"},
+    404: {"description": "No such dataset, node, copy, job or preload job"},
+    409: {
+        "description": "The request conflicts with the cluster's state: the dataset or job "
+        "already exists, the copy is still filling, too few live nodes, a node in another "
+        "copy, no preload job of the dataset yet; `detail` says which"
+    },
     503: {"description": "The state store (or a locality source) is unavailable"},
 }
 
 
 def _status_of(exc: CachefsError) -> int:
-    if isinstance(exc, DatasetNotFound | NodeNotFound | PreloadNotFound | JobNotFound):
+    not_found = DatasetNotFound | NodeNotFound | PreloadNotFound | JobNotFound | CopyNotFound
+    if isinstance(exc, not_found):
         return 404
-    if isinstance(exc, DatasetExists | JobExists | CopyBusy):
+    if isinstance(exc, DatasetExists | JobExists | CopyBusy | StateConflict | NoPreloadJob):
         return 409
     if isinstance(exc, StateStoreError):
         return 503
@@ -233,8 +305,12 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         title="cachefs coordinator",
         version="1",
         description="Datasets, nodes, preload jobs and the locality API of a cachefs cluster. "
-        "Every route except /healthz and /metrics needs `Authorization: Bearer <token>`.",
+        "Every route except /healthz, /metrics and these docs needs "
+        "`Authorization: Bearer <token>`.",
+        docs_url=None,  # served by serve_docs_offline: FastAPI's own load from a CDN
+        redoc_url=None,
     )
+    serve_docs_offline(app)
 
     def require_token(credentials: BearerCredentials) -> None:
         if credentials is None or not hmac.compare_digest(
@@ -250,6 +326,14 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         # Infinity: Python's json reads them) and would turn the 422 into a 500.
         errors = [{k: v for k, v in e.items() if k != "input"} for e in exc.errors()]
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 405:
+            # Starlette names only the methods of the first route on the path (FastAPI makes
+            # one route per method).
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(CachefsError)
     async def _cachefs_error(request: Request, exc: CachefsError) -> JSONResponse:
@@ -295,8 +379,6 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         """Change the dataset's sharing and cleanup policy; a raised limit promotes suspended
         jobs at once."""
         changes = {field: getattr(body, field) for field in body.model_fields_set}
-        if any(v is None for k, v in changes.items() if k != "max_jobs_per_copy"):
-            raise ConfigError("overflow and cleanup cannot be null")
         return cluster.update_policy(name, changes)
 
     @v1.post("/datasets/{name}/refresh", tags=["datasets"])
@@ -319,13 +401,13 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     @v1.get("/datasets/{name}/preload", tags=["preload"])
     def preload_status(name: DatasetName) -> dict[str, Any]:
         """The dataset's latest preload job: state, objects and bytes done of planned, rate,
-        ETA, failed objects with reasons."""
-        return cluster.preload_status(name)
+        ETA, failed objects with reasons (409 while it has none)."""
+        return _of_latest_preload(cluster.preload_status, name)
 
     @v1.post("/datasets/{name}/preload/resume", tags=["preload"])
     def resume_preload(name: DatasetName) -> dict[str, Any]:
         """Run the latest job's selection again: cached blocks are skipped, failures retried."""
-        return cluster.resume_preload(name)
+        return _of_latest_preload(cluster.resume_preload, name)
 
     @v1.post("/datasets/{name}/copies/{copy_id}/scale", tags=["jobs"])
     def scale_copy(name: DatasetName, copy_id: CopyName, body: ScaleIn) -> dict[str, Any]:
@@ -391,7 +473,9 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
 
     @v1.post("/datasets/{name}/preload/cancel", tags=["preload"])
     def cancel_preload(name: DatasetName) -> dict[str, Any]:
-        return cluster.cancel_preload(name)
+        """Cancel the dataset's latest preload job; the answer is that job (``cancelled``, or
+        the state it had already ended in)."""
+        return _of_latest_preload(cluster.cancel_preload, name)
 
     @v1.get("/preloads", tags=["preload"])
     def list_preloads() -> list[dict[str, Any]]:
@@ -414,12 +498,7 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     def heartbeat(node: NodeName, body: HeartbeatIn) -> dict[str, Any]:
         """A worker's heartbeat (registers it on first contact). The reply is the worker's view
         of the cluster: live membership per copy, datasets, running preload jobs."""
-        report = body.model_dump(by_alias=True)
-        if not all(_is_shard(s) for d in report["datasets"].values() for s in d["shards"]):
-            raise ConfigError("shard numbers must be integers in [0, 1024)")
-        if not all(_is_shard(s) for job in report["preloads"].values() for s in job):
-            raise ConfigError("shard numbers must be integers in [0, 1024)")
-        return cluster.heartbeat(node, report)
+        return cluster.heartbeat(node, body.model_dump(by_alias=True))
 
     @v1.get("/locality", tags=["locality"])
     def locality_document() -> dict[str, Any]:
@@ -439,6 +518,32 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     return app
 
 
+def _of_latest_preload(call, dataset: str) -> dict[str, Any]:
+    """``call(dataset)`` on the dataset's latest preload job. The dataset exists when the
+    cluster says it has no job (it checks the dataset first): that is a 409 (start one first),
+    not a 404, which says the dataset is unknown."""
+    try:
+        return call(dataset)
+    except PreloadNotFound as exc:
+        raise NoPreloadJob(str(exc)) from None
+
+
+_HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves on the request's path (for a 405's ``Allow``): asked of
+    the app's own routing, which also sees into included routers."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _HTTP_METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes
+        )
+    ]
+
+
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -452,13 +557,10 @@ async def _utf8_body(request: Request) -> None:
     try:
         json.dumps(json.loads(body), ensure_ascii=False).encode()
     except UnicodeEncodeError:
-        raise HTTPException(
-            422, "the body holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+        # Shaped like the other 422s (the spec's HTTPValidationError).
+        message = "the body holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": ("body",), "msg": message}]
         ) from None
     except ValueError:
         return  # not JSON: the body's own validation says so
-
-
-def _is_shard(text: str) -> bool:
-    # isdigit() alone admits "²" (int() fails) and "١" (another script's 1).
-    return text.isascii() and text.isdigit() and int(text) < 1024

@@ -32,6 +32,7 @@ from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotF
 from cachefs.protocol import SHARDS, DatasetSpec, shard_owner
 
 from .copies import DEFAULT_COPY, CopyState
+from .errors import StateConflict
 from .manager import CacheManager
 from .preload import PreloadJob, Selection
 from .state import StateStore
@@ -433,7 +434,7 @@ class Cluster:
             state = self._dataset(dataset)
             copy_id = copy or next(iter(state.copies))
             if copy_id not in state.copies:
-                raise ConfigError(f"dataset {dataset!r} has no copy {copy_id!r}")
+                raise StateConflict(f"dataset {dataset!r} has no copy {copy_id!r}")
             now = self._clock()
             job = PreloadJob(
                 id=f"{dataset}-{int(now * 1000):013d}-{secrets.token_hex(2)}",

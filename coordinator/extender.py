@@ -484,20 +484,21 @@ class Extender:
 _NULLABLE_OBJECT = {"anyOf": [{"type": "object"}, {"type": "null"}]}
 _NODE_NAMES = {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
 _FAILED_NODES = {"type": "object", "additionalProperties": {"type": "string"}}
+_EXTENDER_ARGS = {
+    "title": "ExtenderArgs",
+    "description": "k8s.io/kube-scheduler/extender/v1 ExtenderArgs: the pod and its candidate "
+    "nodes, as a v1.NodeList (Nodes) or as names (NodeNames).",
+    "type": "object",
+    "properties": {"Pod": _NULLABLE_OBJECT, "Nodes": _NULLABLE_OBJECT, "NodeNames": _NODE_NAMES},
+}
+# Any body, or none, is answered 200 (the extender protocol's way to refuse is the answer's
+# Error, or no scores), so the spec allows any: ExtenderArgs is what kube-scheduler sends.
 _ARGS_BODY = {
-    "required": True,
+    "required": False,
     "content": {
         "application/json": {
             "schema": {
-                "title": "ExtenderArgs",
-                "description": "k8s.io/kube-scheduler/extender/v1 ExtenderArgs: the pod and "
-                "its candidate nodes, as a v1.NodeList (Nodes) or as names (NodeNames).",
-                "type": "object",
-                "properties": {
-                    "Pod": _NULLABLE_OBJECT,
-                    "Nodes": _NULLABLE_OBJECT,
-                    "NodeNames": _NODE_NAMES,
-                },
+                "anyOf": [_EXTENDER_ARGS, {"description": "anything else: answered as above"}]
             }
         }
     },

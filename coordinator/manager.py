@@ -56,6 +56,7 @@ from .copies import (
     rank_nodes,
     split_handed_off,
 )
+from .errors import CopyNotFound, StateConflict
 
 if TYPE_CHECKING:
     from .cluster import Cluster, DatasetState
@@ -186,7 +187,7 @@ class CacheManager:
                 raise ConfigError("a job needs at least one node")
             usable = self._candidates(candidates)
             if len(usable) < nodes_wanted:
-                raise ConfigError(
+                raise StateConflict(
                     f"job {job_id!r} wants {nodes_wanted} nodes but only {len(usable)} "
                     f"candidate nodes are up ({', '.join(usable) or 'none'})"
                 )
@@ -463,7 +464,7 @@ class CacheManager:
             state = self.cluster._dataset(dataset)
             copy = state.copies.get(copy_id)
             if copy is None:
-                raise ConfigError(f"dataset {dataset!r} has no copy {copy_id!r}")
+                raise CopyNotFound(f"dataset {dataset!r} has no copy {copy_id!r}")
             if copy.fill is not None:
                 raise CopyBusy(
                     f"copy {copy_id} of {dataset} is still being filled ({copy.fill.reason}, "
@@ -481,13 +482,15 @@ class CacheManager:
             }
             clash = sorted(set(add) & elsewhere)
             if clash:
-                raise ConfigError(f"{', '.join(clash)} already belong to another copy of {dataset}")
+                raise StateConflict(
+                    f"{', '.join(clash)} already belong to another copy of {dataset}"
+                )
             absent = sorted(set(remove) - set(current))
             if absent:
-                raise ConfigError(f"{', '.join(absent)} are not in copy {copy_id} of {dataset}")
+                raise StateConflict(f"{', '.join(absent)} are not in copy {copy_id} of {dataset}")
             new = sorted((set(current) | set(add)) - set(remove))
             if not new:
-                raise ConfigError(f"copy {copy_id} of {dataset} needs at least one node")
+                raise StateConflict(f"copy {copy_id} of {dataset} needs at least one node")
             if new == current:
                 return self.cluster.dataset_status(dataset)
             now = self._clock()

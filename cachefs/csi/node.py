@@ -6,7 +6,7 @@ dataset is the volume attribute ``dataset``, else (a PersistentVolume) the ``vol
 Before each publish the node's worker is asked, over its control socket, whether it serves
 the dataset and where its FUSE mount is.
 
-Choices where the spec leaves room (CSI v1, spec.md of cachefs/csi/proto's version):
+Choices where the spec leaves room (the CSI spec v1.12.0, cachefs/csi/proto/README.md):
 
 - Read-only volumes only. A publish that could write (a writer access mode without
   ``readonly``) is FAILED_PRECONDITION, the spec's code for "the CO has specified capabilities
@@ -22,7 +22,7 @@ Choices where the spec leaves room (CSI v1, spec.md of cachefs/csi/proto's versi
 - Recovery after a worker restart. The bind mounts of a FUSE mount die with the worker that
   served it (reads fail with ENOTCONN, never return wrong bytes), and a new worker's mount
   does not replace them. The CSIDriver asks for ``requiresRepublish``, so the kubelet calls
-  NodePublishVolume again every minute or so; a target whose mount is the dataset of a former
+  NodePublishVolume again periodically; a target whose mount is the dataset of a former
   FUSE mount gets a bind of the live one on top of it. A pod whose volumeMount says
   ``mountPropagation: HostToContainer`` sees that new mount (its view of the volume is a
   slave of the target's); other pods keep the dead one until they restart. Unpublish removes

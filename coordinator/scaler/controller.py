@@ -450,9 +450,9 @@ class Scaler:
     def apply_change(self, change: CopyChange, now: float) -> bool:
         """One scale call. Ownership of the added nodes is recorded on them first, so a crash
         between the two leaves a record of a node outside the copy (dropped by the next pass),
-        never a node in the copy that the scaler would not know it may remove. A refusal (409:
-        the copy is still filling; 404: a node or the dataset is not known yet; 400) is left
-        for the next pass to retry."""
+        never a node in the copy that the scaler would not know it may remove. A refusal (409
+        CopyBusy: the copy is still filling; 404: a node or the dataset is not known yet; any
+        other, e.g. a 409 for a node in another copy) is left for the next pass to retry."""
         dataset, copy = change.key
         where = copy_name(change.key)
         add, remove = sorted(change.add), sorted(change.remove)
@@ -482,7 +482,8 @@ class Scaler:
         try:
             self._coordinator.scale(dataset, copy, add=add, remove=remove)
         except ControlError as exc:
-            outcome = {409: "busy", 404: "not_found"}.get(exc.status, "refused")
+            busy = exc.status == 409 and exc.kind == "CopyBusy"
+            outcome = "busy" if busy else {404: "not_found"}.get(exc.status, "refused")
             self.stats[f"scale_{outcome}"] += 1
             level = logging.WARNING if outcome == "refused" else logging.INFO
             log.log(

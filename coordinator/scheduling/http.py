@@ -5,10 +5,10 @@ later. Each request refreshes the sources, builds a :class:`ClusterState` (nodes
 from the cluster source, the job's dataset from the locality source; no queue), and asks the
 named policy's :meth:`~.policy.Policy.place`.
 
-Status codes: 200 with ``decision`` ``place`` or ``wait``; 404 for a dataset the locality
-source does not know; 422 for a malformed body, an unknown policy, unknown candidate nodes or a
-policy that lacks facts it needs (e.g. P4 without node hardware); 503 when a source cannot be
-read.
+Status codes: 200 with ``decision`` ``place`` or ``wait``; 422 for a body the spec refuses
+(malformed, an unknown policy, an empty candidate list); 404 for a dataset the locality source
+does not know or candidate nodes not in the cluster; 409 when the policy lacks facts it needs
+(e.g. P4 without node hardware or the model's FLOPs); 503 when a source cannot be read.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import math
 from typing import Literal
 
 from fastapi import APIRouter, HTTPException
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
+
+from coordinator.json_types import STRICT, JsonInt, json_int
 
 from .model import (
     ClusterState,
@@ -38,7 +40,7 @@ DEFAULT_SAMPLES_PER_EPOCH = 1_000_000
 class ModelFields(BaseModel):
     """What the caller knows about the model; all optional."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     name: str | None = Field(default=None, max_length=128)
     samples_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -50,18 +52,23 @@ class ModelFields(BaseModel):
 
 
 class PlacementRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     name: str = Field(min_length=1, max_length=256)
-    gpus: int = Field(ge=1, le=100_000)
-    policy: str = "tdcs"
+    gpus: JsonInt = Field(ge=1, le=100_000)
+    # An enum in the spec; the validator's message names the known ones.
+    policy: str = Field("tdcs", json_schema_extra={"enum": list(POLICY_NAMES)})
     dataset: str | None = Field(default=None, min_length=1, max_length=256)
-    candidates: list[str] | None = None
-    max_gpus: int | None = Field(default=None, ge=1, le=100_000)
+    candidates: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="nodes the job may run on (all if absent; an empty list is refused)",
+    )
+    max_gpus: json_int(ge=1, le=100_000) | None = None
     qos: Literal["urgent", "prior", "normal"] = "normal"
     epochs: float = Field(default=1.0, gt=0)
-    samples_per_epoch: int = Field(default=DEFAULT_SAMPLES_PER_EPOCH, ge=1)
-    batch_size: int = Field(default=256, ge=1)
+    samples_per_epoch: JsonInt = Field(default=DEFAULT_SAMPLES_PER_EPOCH, ge=1)
+    batch_size: JsonInt = Field(default=256, ge=1)
     model: ModelFields | None = None
 
     @field_validator("policy")
@@ -126,6 +133,13 @@ def profile_for(fields: ModelFields | None) -> ModelProfile:
     )
 
 
+_PLACEMENT_ERRORS: dict[int | str, dict] = {
+    404: {"description": "The dataset or a candidate node is not known"},
+    409: {"description": "The policy lacks facts it needs (node hardware, model FLOPs)"},
+    503: {"description": "A locality or cluster source cannot be read"},
+}
+
+
 def placement_router(locality: LocalitySource, cluster: ClusterSource) -> APIRouter:
     router = APIRouter()
 
@@ -133,7 +147,7 @@ def placement_router(locality: LocalitySource, cluster: ClusterSource) -> APIRou
     async def list_policies() -> dict[str, list[str]]:
         return {"policies": list(POLICY_NAMES)}
 
-    @router.post("/v1/placement")
+    @router.post("/v1/placement", responses=_PLACEMENT_ERRORS)
     async def place(request: PlacementRequest) -> PlacementResponse:
         try:
             await cluster.refresh()
@@ -149,7 +163,7 @@ def placement_router(locality: LocalitySource, cluster: ClusterSource) -> APIRou
         unknown = sorted(set(request.candidates or ()) - set(nodes))
         if unknown:
             raise HTTPException(
-                status_code=422, detail=f"candidate nodes not in the cluster: {', '.join(unknown)}"
+                status_code=404, detail=f"candidate nodes not in the cluster: {', '.join(unknown)}"
             )
         try:
             spec = JobSpec(
@@ -169,7 +183,8 @@ def placement_router(locality: LocalitySource, cluster: ClusterSource) -> APIRou
             state = ClusterState(0.0, nodes, datasets)
             choice = make_policy(request.policy).place(spec, state)
         except SchedulingError as err:
-            raise HTTPException(status_code=422, detail=str(err)) from None
+            # The request is well formed; the policy cannot decide with the facts at hand.
+            raise HTTPException(status_code=409, detail=str(err)) from None
         return _response(request, dataset, choice)
 
     return router

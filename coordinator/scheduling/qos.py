@@ -138,7 +138,9 @@ class _ShapePlanner(Policy):
             seconds, cost = self._time_and_cost(job, placement, state, node_count, per_node)
             if seconds == float("inf"):
                 continue
-            found.append(Option(placement, seconds, 1.0 / (seconds * cost)))
+            # A job of next to no samples can take 0 s (the product underflows): no cost.
+            spent = seconds * cost
+            found.append(Option(placement, seconds, 1.0 / spent if spent > 0 else float("inf")))
         return found
 
     def _layouts(

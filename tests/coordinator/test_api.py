@@ -7,6 +7,10 @@ malformed requests are 4xx with a message, never 5xx; the dataset, node and prel
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -22,6 +26,7 @@ from tests.fakes.wrappers import served
 
 TOKEN = "test-token-Zq9"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 METRICS = b"# HELP cachefs_test A test gauge\n# TYPE cachefs_test gauge\ncachefs_test 1.0\n"
 
 
@@ -219,11 +224,20 @@ async def test_unknown_things_are_404(api: Api) -> None:
         assert_client_error(response, 404)
         assert response.json()["kind"] in ("DatasetNotFound", "NodeNotFound", "PreloadNotFound")
     assert_client_error(await client.post("/v1/datasets/nope/preload", json={}), 404)
-    # A dataset with no preload job yet.
+    # A dataset with no preload job yet: the dataset exists, so not a 404 but a conflict.
     await api.add("imagenet")
-    response = await client.get("/v1/datasets/imagenet/preload")
-    assert_client_error(response, 404)
-    assert response.json()["kind"] == "PreloadNotFound"
+    for method, path in [
+        ("GET", "/v1/datasets/imagenet/preload"),
+        ("POST", "/v1/datasets/imagenet/preload/resume"),
+        ("POST", "/v1/datasets/imagenet/preload/cancel"),
+    ]:
+        response = await client.request(method, path)
+        assert_client_error(response, 409)
+        assert response.json()["kind"] == "NoPreloadJob"
+    # A copy the body names and the dataset lacks: a conflict (404 is for the URL's dataset).
+    response = await client.post("/v1/datasets/imagenet/preload", json={"copy": "Z"})
+    assert_client_error(response, 409)
+    assert response.json()["kind"] == "StateConflict"
     assert_client_error(await client.get("/v1/no-such-route"), 404)
 
 
@@ -254,6 +268,11 @@ BAD_DATASETS = [
     {"name": "ok", "uri": "s3://b/", "timeout_s": 10_000},
     {"name": "ok", "uri": "s3://b/", "refresh_interval_s": -1},
     {"name": "ok", "uri": "s3://b/", "path_style": "maybe"},
+    # JSON types are not converted (the spec says boolean, integer).
+    {"name": "ok", "uri": "s3://b/", "path_style": 1},
+    {"name": "ok", "uri": "s3://b/", "block_size": "4194304"},
+    {"name": "ok", "uri": "s3://b/", "block_size": True},
+    {"name": "ok", "uri": "s3://b/", "block_size": 4194304.5},
     {"name": "ok", "uri": "s3://b/", "region": "r" * 1000},
     [],
     ["name", "uri"],
@@ -266,7 +285,7 @@ BAD_DATASETS = [
 @pytest.mark.parametrize("body", BAD_DATASETS)
 async def test_malformed_dataset_bodies_are_4xx(api: Api, body) -> None:
     response = await api.client.post("/v1/datasets", json=body)
-    assert_client_error(response, 400, 422)
+    assert_client_error(response, 422)
     assert api.cluster.datasets == {}
 
 
@@ -284,6 +303,7 @@ RAW_BODIES = [
 @pytest.mark.parametrize("raw", RAW_BODIES, ids=range(len(RAW_BODIES)))
 async def test_unparseable_bodies_are_4xx(api: Api, raw: bytes) -> None:
     headers = {"Content-Type": "application/json"}
+    # 400 only for what the JSON reader itself gives up on (nested too deep).
     response = await api.client.post("/v1/datasets", content=raw, headers=headers)
     assert_client_error(response, 400, 422)
     await api.add("imagenet")
@@ -300,12 +320,17 @@ BAD_PRELOADS = [
     {"fraction": -0.5},
     {"fraction": "half"},
     {"fraction": 0.5, "bytes": 1000},
+    {"fraction": True},
+    {"bytes": "1000"},
+    {"bytes": False},
     {"bytes": -1},
     {"bytes": 0},
     {"bytes": 1.5},
     {"paths": ["../x"]},
     {"paths": ["a/../../etc"]},
     {"paths": ["/abs"]},
+    {"paths": ["a/.."]},
+    {"paths": [".."]},
     {"paths": ["a\u0000b"]},
     {"paths": "train"},
     {"paths": [1, 2]},
@@ -313,7 +338,6 @@ BAD_PRELOADS = [
     {"paths": ["p"] * 1001},
     {"at": -5},
     {"at": "tomorrow"},
-    {"copy": "Z"},
     {"copy": "../A"},
     {"unknown": 1},
     {"fraction": 0.5, "priority": "high"},
@@ -324,7 +348,7 @@ BAD_PRELOADS = [
 async def test_malformed_preload_bodies_are_4xx(api: Api, body) -> None:
     await api.add("imagenet")
     response = await api.client.post("/v1/datasets/imagenet/preload", json=body)
-    assert_client_error(response, 400, 422)
+    assert_client_error(response, 422)
     assert api.cluster.preloads == {}
 
 
@@ -335,6 +359,16 @@ BAD_HEARTBEATS = [
     {"address": "host:port"},
     {"address": "h:123456"},
     {"address": "h:1/x"},
+    # Addresses no peer can dial (a fuzzer's "0:0" registered a phantom node).
+    {"address": "0:0"},
+    {"address": "0.0.0.0:7070"},
+    {"address": "h:0"},
+    {"address": "h:65536"},
+    {"address": "h:1", "gpus": True},
+    {"address": "h:1", "gpus": "8"},
+    {"address": "h:1", "tasks_done": {"t-1": {"freed_bytes": False}}},
+    {"address": "h:1", "fills": {"f": {"copy": "A", "id": "A-1", "done": 1}}},
+    {"address": "h:1", "datasets": {"d": {"shards": {"007": 1}}}},
     {"address": 7},
     {"address": "h:1", "gpus": -1},
     {"address": "h:1", "gpus": 10**6},
@@ -367,7 +401,7 @@ BAD_HEARTBEATS = [
 @pytest.mark.parametrize("body", BAD_HEARTBEATS)
 async def test_malformed_heartbeats_are_4xx(api: Api, body) -> None:
     response = await api.client.post("/v1/nodes/n1/heartbeat", json=body)
-    assert_client_error(response, 400, 422)
+    assert_client_error(response, 422)
     assert api.cluster.nodes == {}
 
 
@@ -404,7 +438,7 @@ async def test_values_json_cannot_carry_are_refused(api: Api) -> None:
         response = await api.client.post(
             "/v1/datasets/imagenet/preload", content=raw, headers=headers
         )
-        assert_client_error(response, 400, 422)
+        assert_client_error(response, 422)
     raw = b'{"name": "coco", "uri": "s3://b/\\udfff"}'
     assert_client_error(await api.client.post("/v1/datasets", content=raw, headers=headers))
     raw = b'{"address": "h:1", "tiers": [{"name": "\\ud800", "capacity": 1, "used": 0}]}'
@@ -571,7 +605,7 @@ async def test_scale_over_http(api: Api) -> None:
     busy = await client.post("/v1/datasets/imagenet/copies/A/scale", json={"add": ["n3"]})
     assert_client_error(busy, 409)
     missing = await client.post("/v1/datasets/imagenet/copies/Z/scale", json={"add": ["n3"]})
-    assert_client_error(missing, 400)
+    assert_client_error(missing, 404)
     unknown = await client.post("/v1/datasets/nope/copies/A/scale", json={"add": ["n3"]})
     assert_client_error(unknown, 404)
 
@@ -584,6 +618,8 @@ async def test_scale_over_http(api: Api) -> None:
         {"id": "j", "dataset": "imagenet", "nodes": "many"},
         {"id": "j", "dataset": "imagenet", "candidates": ["../x"]},
         {"id": "j", "dataset": "imagenet", "candidates": "n1"},
+        {"id": "j", "dataset": "imagenet", "candidates": []},
+        {"id": "j", "dataset": "imagenet", "nodes": True},
         {"id": "j", "dataset": "imagenet", "lease_s": -1},
         {"id": "j", "dataset": "imagenet", "lease_s": "Infinity"},
         {"id": "j/..", "dataset": "imagenet"},
@@ -606,6 +642,11 @@ async def test_malformed_job_bodies_are_4xx(api: Api, body) -> None:
         {"overflow": "share"},
         {"cleanup": "ttl:"},
         {"cleanup": "ttl:-5s"},
+        {"cleanup": "ttl:0"},
+        {"cleanup": "ttl:0ms"},
+        {"cleanup": "ttl:0.000"},
+        {"cleanup": "ttl:.5h"},
+        {"cleanup": "ttl:5.m"},
         {"cleanup": "fifo"},
         {"nodes": []},
         {"nodes": ["a b"]},
@@ -614,3 +655,176 @@ async def test_malformed_job_bodies_are_4xx(api: Api, body) -> None:
 async def test_malformed_sharing_policies_are_4xx(api: Api, fields) -> None:
     assert_client_error(await api.add("imagenet", **fields))
     assert api.cluster.datasets == {}
+
+
+# --- the spec is the contract: what it allows is served, what it forbids is a 422 --------------
+# (cases a schema fuzzer found; tests/coordinator/test_api_fuzz.py runs the fuzzer itself)
+
+
+async def test_what_the_spec_allows_is_served(api: Api) -> None:
+    client = api.client
+    # ttl: durations the spec's pattern admits (it once admitted "ttl:5." and "ttl:0ms", which
+    # the reader refused with a 400).
+    for i, cleanup in enumerate(("ttl:5m", "ttl:0.5d", "ttl:007.25h", "ttl:250ms", "ttl:0.001")):
+        added = await api.add(f"d{i}", cleanup=cleanup)
+        assert added.status_code == 201, added.text
+        assert added.json()["cleanup"] == cleanup
+    # JSON Schema counts 5.0 as an integer.
+    added = await api.add("floaty", block_size=4194304.0, max_jobs_per_copy=2.0)
+    assert added.status_code == 201, added.text
+    assert (added.json()["block_size"], added.json()["max_jobs_per_copy"]) == (4194304, 2)
+    # A fraction or a byte budget, the other null (the CLI sends both keys).
+    for body in ({"fraction": 0.5, "bytes": None}, {"fraction": None, "bytes": 1000}):
+        started = await client.post("/v1/datasets/d0/preload", json=body)
+        assert started.status_code == 201, started.text
+    # Only the fields given change; max_jobs_per_copy may be null (no limit).
+    changed = await client.patch("/v1/datasets/d0", json={"max_jobs_per_copy": None})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["cleanup"] == "ttl:5m"
+
+
+async def test_the_spec_says_what_is_refused(api: Api) -> None:
+    spec = (await api.client.get("/openapi.json")).json()
+    schemas = spec["components"]["schemas"]
+    preload_not = schemas["PreloadIn"]["not"]
+    assert preload_not["required"] == ["fraction", "bytes"]
+    candidates = schemas["JobIn"]["properties"]["candidates"]["anyOf"][0]
+    assert candidates["minItems"] == 1
+    overflow = schemas["PolicyIn"]["properties"]["overflow"]
+    assert overflow["enum"] == ["suspend", "clone"] and "default" not in overflow
+    policy = schemas["PlacementRequest"]["properties"]["policy"]
+    known = (await api.client.get("/v1/placement/policies")).json()["policies"]
+    assert policy["enum"] == known and "tdcs" in known
+    extender_body = spec["paths"]["/scheduler/filter"]["post"]["requestBody"]
+    assert extender_body["required"] is False
+    # The refusals themselves: 422 naming the field, nothing stored.
+    await api.add("imagenet")
+    both = {"fraction": 0.5, "bytes": 9}
+    both = await api.client.post("/v1/datasets/imagenet/preload", json=both)
+    assert_client_error(both, 422)
+    assert "not both" in both.json()["detail"][0]["msg"]
+    null = await api.client.patch("/v1/datasets/imagenet", json={"cleanup": None})
+    assert_client_error(null, 422)
+    assert null.json()["detail"][0]["loc"] == ["body", "cleanup"]
+    phantom = await api.client.post("/v1/nodes/phantom/heartbeat", json={"address": "0:0"})
+    assert_client_error(phantom, 422)
+    assert phantom.json()["detail"][0]["loc"] == ["body", "address"]
+    assert (await api.client.get("/v1/nodes")).json() == []
+    assert api.cluster.preloads == {}
+
+
+async def test_refusals_for_the_cluster_state_are_404_or_409(api: Api) -> None:
+    client = api.client
+    await api.add("imagenet", nodes=["n1"])
+    await api.add("coco", nodes=["n2"])
+    too_few = await client.post("/v1/jobs", json={"id": "j", "dataset": "imagenet", "nodes": 1})
+    assert_client_error(too_few, 409)  # no node is up yet
+    assert too_few.json()["kind"] == "StateConflict"
+    for node in ("n1", "n2"):
+        assert (await api.beat(node)).status_code == 200
+    scale = "/v1/datasets/imagenet/copies/A/scale"
+    clash = await client.post("/v1/datasets/coco/copies/A/scale", json={"add": ["n1"]})
+    assert clash.status_code in (200, 409), clash.text  # n1 is in another dataset's copy: fine
+    absent = await client.post(scale, json={"remove": ["n2"]})
+    assert_client_error(absent, 409)
+    assert absent.json()["kind"] == "StateConflict"
+    empty = await client.post(scale, json={"remove": ["n1"]})
+    assert_client_error(empty, 409)
+    assert "at least one node" in empty.json()["detail"]
+    # The placement endpoint: unknown candidates are 404, a policy lacking facts is 409.
+    job = {"name": "j", "gpus": 1, "dataset": "imagenet"}
+    unknown = await client.post("/v1/placement", json={**job, "candidates": ["n9"]})
+    assert_client_error(unknown, 404)
+    assert "n9" in unknown.json()["detail"]
+    roofline = await client.post("/v1/placement", json={**job, "policy": "p4-roofline"})
+    assert_client_error(roofline, 409)
+    for body in ({**job, "candidates": []}, {**job, "policy": "lottery"}, {**job, "gpus": True}):
+        assert_client_error(await client.post("/v1/placement", json=body), 422)
+    placed = await client.post("/v1/placement", json={**job, "candidates": ["n1"]})
+    assert placed.status_code == 200, placed.text
+
+
+async def test_a_405_names_every_method_of_the_path(api: Api) -> None:
+    """Starlette named only the first route's method (FastAPI makes one route per method)."""
+    spec = (await api.client.get("/openapi.json")).json()
+    checked = 0
+    for path, item in spec["paths"].items():
+        served = sorted(method.upper() for method in item)
+        other = next(m for m in ("PUT", "OPTIONS", "PATCH", "DELETE", "POST") if m not in served)
+        response = await api.client.request(other, fill(path))
+        assert response.status_code == 405, (other, path, response.text)
+        assert response.headers["allow"].split(", ") == served, (path, response.headers)
+        checked += 1
+    assert checked >= 25
+
+
+async def test_the_extender_answers_a_missing_body_as_the_spec_says(api: Api) -> None:
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as kube_scheduler:
+        answer = await kube_scheduler.post("/scheduler/filter")
+        assert answer.status_code == 200
+        assert answer.json()["Error"].startswith("cachefs extender: ")
+        scores = await kube_scheduler.post("/scheduler/prioritize")
+        assert (scores.status_code, scores.json()) == (200, [])
+
+
+async def test_docs_load_without_any_other_host(api: Api) -> None:
+    """/docs and /redoc reference only this server; every asset they name loads."""
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as browser:
+        for page in ("/docs", "/redoc"):
+            html = (await browser.get(page)).text
+            assert "://" not in html, html  # no absolute URL: no CDN, no font service
+            assets = re.findall(r'(?:src|href|spec-url)="([^"]+)"', html)
+            assets += re.findall(r"url: '([^']+)'", html)
+            assert any(a.endswith(".js") for a in assets) and "/openapi.json" in assets, assets
+            for asset in assets:
+                assert asset.startswith("/"), asset
+                loaded = await browser.get(asset)
+                assert loaded.status_code == 200, asset
+                assert len(loaded.content) > 1000, asset
+        swagger = (await browser.get("/docs")).text
+        assert '"validatorUrl": null' in swagger  # the validator badge calls a public service
+        bundle = await browser.get("/docs-assets/swagger-ui-bundle.js")
+        assert bundle.headers["content-type"].startswith("text/javascript")
+        assert b"SwaggerUIBundle" in bundle.content
+
+
+async def test_preload_cancel_exits_0(api: Api, tmp_path) -> None:
+    """`cachefs preload cancel` (the real CLI, as a process) exits 0 once the job is cancelled,
+    also when it had ended already; a dataset with no job is one line and exit 1."""
+    await api.add("imagenet")
+    started = await api.client.post("/v1/datasets/imagenet/preload", json={})
+    assert started.status_code == 201, started.text
+    env = {**os.environ, "CACHEFS_TOKEN": TOKEN, "PYTHONPATH": REPO_ROOT}
+    cli = [sys.executable, "-m", "cachefs", "--coordinator", api.url, "--state", str(tmp_path)]
+
+    async def cancel(dataset: str) -> subprocess.CompletedProcess:
+        return await trio.run_process(
+            [*cli, "preload", "cancel", dataset],
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+    for _ in range(2):  # the second finds it cancelled already
+        done = await cancel("imagenet")
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert b"cancelled" in done.stdout, done.stdout
+    assert api.cluster.preloads[started.json()["id"]].state == "cancelled"
+    await api.add("coco")
+    none = await cancel("coco")
+    assert none.returncode == 1, (none.stdout, none.stderr)
+    assert none.stderr.decode().strip().count("\n") == 0, none.stderr
+    assert b"has no preload job" in none.stderr
+
+
+async def test_a_job_of_next_to_no_samples_is_placed_by_every_policy(api: Api) -> None:
+    """A schema fuzzer's find: P3 divided by a predicted time that underflowed to 0 (a 500)."""
+    await api.beat("n1", gpus=8)
+    policies = (await api.client.get("/v1/placement/policies")).json()["policies"]
+    for policy in policies:
+        job = {"name": "j", "gpus": 1, "policy": policy, "epochs": 5e-324}
+        response = await api.client.post("/v1/placement", json=job)
+        assert response.status_code in (200, 409), (policy, response.text)  # 409: P4's facts
+        if response.status_code == 200:
+            assert response.json()["decision"] == "place", (policy, response.text)

@@ -113,9 +113,12 @@ async def test_bad_requests_get_4xx_naming_the_problem() -> None:
         no_data = await post(base, {"name": "j", "gpus": 1, "dataset": "coco"})
         assert no_data.status_code == 404 and "'coco'" in no_data.json()["detail"]
         nodes = await post(base, {"name": "j", "gpus": 1, "candidates": ["n9"]})
-        assert nodes.status_code == 422 and "n9" in nodes.json()["detail"]
+        assert nodes.status_code == 404 and "n9" in nodes.json()["detail"]
+        no_candidates = await post(base, {"name": "j", "gpus": 1, "candidates": []})
+        assert no_candidates.status_code == 422
+        # Well formed, but the policy lacks facts it needs: a conflict, not a malformed body.
         roofline = await post(base, {"name": "j", "gpus": 1, "policy": "p4-roofline"})
-        assert roofline.status_code == 422 and "forward_flops" in roofline.json()["detail"]
+        assert roofline.status_code == 409 and "forward_flops" in roofline.json()["detail"]
         async with httpx.AsyncClient(base_url=base) as client:
             not_json = await client.post(
                 "/v1/placement", content=b"{", headers={"content-type": "application/json"}

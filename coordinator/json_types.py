@@ -1,0 +1,36 @@
+"""Request-model building blocks that read JSON the way the published spec (JSON Schema) does.
+
+pydantic's default (lax) mode converts what JSON Schema refuses: ``true`` becomes 1, ``"5"``
+becomes 5, ``1`` becomes ``true``; so a request the spec forbids would be served. Request models
+therefore use :data:`STRICT` and declare integers as :data:`JsonInt`, which strict mode alone
+would get wrong the other way: JSON Schema counts ``5.0`` as an integer, strict pydantic does
+not.
+
+An optional integer with constraints is ``json_int(ge=1) | None``: constraints given on the
+union, or after the validator, would not reach the spec as ``minimum``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict, Field
+
+
+def _integral_float_to_int(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: Request models: no coercion between JSON types, unknown fields refused.
+STRICT = ConfigDict(strict=True, extra="forbid")
+#: Reports from workers: no coercion either, but fields a newer worker adds are ignored.
+STRICT_OPEN = ConfigDict(strict=True)
+
+JsonInt = Annotated[int, BeforeValidator(_integral_float_to_int)]
+
+
+def json_int(**constraints: Any) -> Any:
+    """:data:`JsonInt` with ``Field`` constraints (``ge=1``, ``le=…``) for an optional field."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral_float_to_int)]

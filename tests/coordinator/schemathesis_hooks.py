@@ -1,0 +1,36 @@
+"""Schemathesis hooks for tests/coordinator/test_api_fuzz.py (loaded through
+``SCHEMATHESIS_HOOKS``; not a test module).
+
+``GET /v1/jobs/{job_id}?wait=S`` is a long-poll: for a suspended job it answers after S seconds
+(up to 300), which would stall a time-bounded run on one request. A wait the spec allows is cut
+to 1 second; one it forbids (negative, over 300, not a number) is sent as generated, so the
+refusals are still tested.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import schemathesis
+
+LONG_POLL_LIMIT_S = 300  # the spec's maximum for ?wait=
+LONG_POLL_IN_TESTS_S = 1.0
+_PLAIN_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
+    """Every phase's calls pass here (map hooks see only the fuzzing phase's)."""
+    query = case.query
+    if not query or "wait" not in query:
+        return
+    wait = query["wait"]
+    if isinstance(wait, str) and _PLAIN_NUMBER.fullmatch(wait):
+        seconds = float(wait)  # a query value may come as the text it is sent as
+    elif isinstance(wait, int | float) and not isinstance(wait, bool):
+        seconds = wait
+    else:
+        return  # not a number: the server must refuse it as generated
+    if 0 <= seconds <= LONG_POLL_LIMIT_S:  # False for NaN too
+        query["wait"] = min(seconds, LONG_POLL_IN_TESTS_S)
