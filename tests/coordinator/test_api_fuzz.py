@@ -100,8 +100,17 @@ def test_schemathesis_finds_no_contract_failure(coordinator, tmp_path) -> None:
         "--report-dir", str(reports),
     ]  # fmt: skip
     env = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)}
-    # A bound for a hung run, not a timing check: the run itself stops at MAX_TIME_S.
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=MAX_TIME_S + 600)
+    # In tmp_path: schemathesis keeps a cache of earlier crashes (.schemathesis/) where it runs,
+    # and replays them; every run here starts clean, and nothing is written into the checkout.
+    # The timeout bounds a hung run, it is no timing check: the run itself stops at MAX_TIME_S.
+    run = subprocess.run(
+        command,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=MAX_TIME_S + 600,
+    )
     output = run.stdout[-20_000:] + run.stderr[-5_000:]
     (report_path,) = reports.glob("*.json")
     report = json.loads(report_path.read_text())
