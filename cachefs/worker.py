@@ -11,6 +11,7 @@ flush the cache index (so the next start is warm).
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import secrets
@@ -197,6 +198,13 @@ class Worker(WorkerAPI):
         cfg = self.config
         if cfg.coordinator and (not cfg.listen or not cfg.token):
             raise ConfigError("a worker that follows a coordinator needs --listen and a token")
+        if cfg.coordinator and not _dialable(cfg.listen):
+            # The coordinator hands this address to the other workers, which dial it for peer
+            # reads (and refuses heartbeats naming an address nobody can dial).
+            raise ConfigError(
+                f"--listen {cfg.listen}: other workers dial this address for peer reads; give "
+                "this node's own address and a port (e.g. --listen 10.0.0.5:7701), not 0.0.0.0"
+            )
         if len(cfg.socket_path.encode()) > _MAX_UNIX_PATH:
             raise ConfigError(
                 f"state directory {cfg.state_dir} is too long a path for its control socket "
@@ -1234,6 +1242,19 @@ def set_readahead(mount_path: str, kib: int) -> None:
             f.write(str(kib))
     except OSError as exc:
         log.warning("could not set readahead of %s to %d KiB: %s", mount_path, kib, exc)
+
+
+def _dialable(address: str) -> bool:
+    """Whether another machine can dial ``address`` ("HOST:PORT"): a named or specific host
+    (not 0.0.0.0, ::, or empty) and a port in 1..65535."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return host != "0"  # a host name ("0" reads as 0.0.0.0 to inet_aton)
 
 
 def bind_tcp(address: str, option: str) -> socket.socket:

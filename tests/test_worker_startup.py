@@ -142,6 +142,19 @@ def test_a_taken_peer_port_is_one_line(tmp_path, taken_port):
     _nothing_left(tmp_path, mount)
 
 
+def test_a_peer_address_nobody_can_dial_is_one_line(tmp_path):
+    """The coordinator gives a worker's --listen address to the other workers: 0.0.0.0 (or a
+    port 0) would have its heartbeats refused, so the worker refuses it at start."""
+    mount = str(tmp_path / "mnt")
+    for listen in ("0.0.0.0:7701", "[::]:7701", "127.0.0.2:0"):
+        line = _refused(
+            "--state", str(tmp_path / "state"), "worker", "--coordinator", "http://127.0.0.1:9",
+            "--listen", listen, "--mount", mount, env=_env(CACHEFS_TOKEN="a-token"),
+        )  # fmt: skip
+        assert line.startswith(f"cachefs: error: --listen {listen}: other workers dial"), line
+        _nothing_left(tmp_path, mount)
+
+
 def test_a_busy_mountpoint_is_one_line_and_leaves_no_ram_dir(tmp_path):
     mount = tmp_path / "mnt"
     mount.mkdir()
