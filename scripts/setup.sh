@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 # etcd-server: the tests run their own etcd on free ports (tests/fakes/etcd.py); a system etcd
 # service that apt may start is not used. s3fs and rclone: the peers of the benchmark suite
 # (bench/suite), also mounted by its tests. g++ and libxxhash-dev: tf_dataset's native kernels.
+# zsh: tests/test_cli_extras.py loads `cachefs completion zsh` into it.
 need_apt=()
-for pkg in fuse3 libfuse3-dev pkg-config etcd-server iptables s3fs rclone g++ libxxhash-dev prometheus; do
+for pkg in fuse3 libfuse3-dev pkg-config etcd-server iptables s3fs rclone g++ libxxhash-dev prometheus zsh; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
