@@ -1,4 +1,6 @@
-"""Preload jobs: what to load (a :class:`Selection`) and how far it got.
+"""Preload jobs: what to load (a :class:`Selection`) and how far it got. One model for both
+places a job runs from: the coordinator (a cluster) and a single `cachefs up` worker
+(cachefs/cluster/local_preload.py), which is why it lives here and not in coordinator/.
 
 A job is split by shard: the owner of each shard (in the job's copy) plans the blocks of that
 shard that the selection picks, fetches the missing ones and reports cumulative progress per

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from cachefs.errors import CachefsError, DatasetExists, DatasetNotFound
+from cachefs.preload_jobs import Selection
 from cachefs.protocol import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_FIRST_BYTE_TIMEOUT_S,
@@ -44,7 +45,6 @@ from .errors import CopyNotFound, NoPreloadJob, StateConflict
 from .extender import extender_router
 from .json_types import STRICT, STRICT_OPEN, JsonInt, json_int
 from .manager import CopyBusy, JobExists, JobNotFound
-from .preload import Selection
 from .scheduling.http import placement_router
 from .scheduling.sources import InMemorySource, parse_locality_document
 from .state import StateStoreError
@@ -67,7 +67,7 @@ CLEANUP_PATTERN = rf"^(lock|lru|ttl:{_POSITIVE}(ms|s|m|h|d)?)$"
 # A peer address other workers can dial: no unspecified host (0, 0.0.0.0), a port in 1..65535.
 _PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 ADDRESS_PATTERN = rf"^[A-Za-z0-9.\-]*[A-Za-z1-9\-][A-Za-z0-9.\-]*:{_PORT}$"
-# A preload path prefix, as coordinator.preload.Selection reads it: relative (no leading "/"),
+# A preload path prefix, as cachefs.preload_jobs.Selection reads it: relative (no leading "/"),
 # no ".." component, no NUL.
 _SEGMENT = r"([^/\x00.][^/\x00]*|\.([^/\x00.][^/\x00]*)?|\.\.[^/\x00]+)"
 PATH_PREFIX_PATTERN = rf"^({_SEGMENT}(/{_SEGMENT}?)*)?$"

@@ -29,12 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, DatasetNotFound
+from cachefs.preload_jobs import PreloadJob, Selection
 from cachefs.protocol import SHARDS, DatasetSpec, shard_owner
 
 from .copies import DEFAULT_COPY, CopyState
 from .errors import StateConflict
 from .manager import CacheManager
-from .preload import PreloadJob, Selection
 from .state import StateStore
 
 log = logging.getLogger("coordinator.cluster")

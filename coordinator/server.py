@@ -23,10 +23,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from cachefs.errors import ConfigError
 from cachefs.pidlock import LockHeld, take_pid_lock
+from cachefs.preload_jobs import STATES as PRELOAD_STATES
 
 from .api import create_app
 from .cluster import Cluster
-from .preload import STATES as PRELOAD_STATES
 from .state import open_state_store
 
 log = logging.getLogger("coordinator")

@@ -1,6 +1,6 @@
 """Preload on a single node (`cachefs up`, no coordinator): the coordinator's half, in the worker.
 
-In a cluster the coordinator keeps each preload job (:class:`coordinator.preload.PreloadJob`)
+In a cluster the coordinator keeps each preload job (:class:`cachefs.preload_jobs.PreloadJob`)
 and every worker's :class:`~cachefs.cluster.preload.Preloader` plans and fetches the shards it
 owns, reporting per-shard progress in its heartbeats. A single node owns every shard, so here
 both halves run in one process: :class:`LocalPreloads` keeps the jobs, hands the running ones
@@ -30,8 +30,8 @@ import trio
 
 from cachefs.cache.base import BlockCache
 from cachefs.errors import CachefsError, ConfigError, DatasetNotFound, PreloadNotFound
+from cachefs.preload_jobs import PreloadJob, Selection
 from cachefs.protocol import SHARDS
-from coordinator.preload import PreloadJob, Selection
 
 from .fetchers import FetcherPool
 from .membership import Membership

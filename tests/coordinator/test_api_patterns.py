@@ -1,6 +1,6 @@
 """The spec's patterns against the readers behind them: whatever a pattern admits, the reader
 takes (else the API would refuse, with a 400, a request its spec allows), and the path prefix
-pattern is exactly the rule of :class:`coordinator.preload.Selection`.
+pattern is exactly the rule of :class:`cachefs.preload_jobs.Selection`.
 
 Strings are drawn from the patterns themselves (Hypothesis reads the regex) and, for the
 reverse direction, from small alphabets that hit every edge (dots, slashes, NUL, zeros)."""
@@ -13,9 +13,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cachefs.errors import ConfigError
+from cachefs.preload_jobs import Selection
 from cachefs.protocol import SHARDS, CleanupPolicy
 from coordinator.api import ADDRESS_PATTERN, CLEANUP_PATTERN, PATH_PREFIX_PATTERN, SHARD_PATTERN
-from coordinator.preload import Selection
 
 EXAMPLES = settings(max_examples=300, deadline=None)
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from cachefs.errors import ConfigError, DatasetExists, DatasetNotFound
+from cachefs.preload_jobs import Selection
 from cachefs.protocol import SHARDS, owner_table
 from coordinator.cluster import Cluster, NodeNotFound, PreloadNotFound
 from coordinator.copies import CopyState
-from coordinator.preload import Selection
 from coordinator.scheduling.sources import parse_locality_document
 from coordinator.state import LmdbStateStore
 from tests.coordinator.model import (

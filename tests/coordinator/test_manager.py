@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from cachefs.errors import ConfigError, DatasetNotFound
+from cachefs.preload_jobs import Selection
 from cachefs.protocol import SHARDS, owner_table
 from coordinator.cluster import Cluster, NodeNotFound
 from coordinator.copies import Locality, clone_nodes, next_copy_id, rank_nodes
 from coordinator.manager import CopyBusy, JobExists, JobNotFound
-from coordinator.preload import Selection
 from coordinator.state import LmdbStateStore
 from tests.coordinator.model import DOWN_AFTER_S, HEARTBEAT_S, FakeClock, beat, spec
 

@@ -9,9 +9,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from cachefs.preload_jobs import Selection
 from cachefs.protocol import DatasetSpec
 from coordinator.cluster import Cluster
-from coordinator.preload import Selection
 from coordinator.server import PRELOAD_SERIES_RETENTION_S, _ClusterCollector
 from coordinator.state import LmdbStateStore
 
