@@ -33,6 +33,7 @@ class MountEntry:
     fstype: str  # e.g. "fuse.cachefs", "tmpfs", "ext4"
     root: str = "/"  # the directory of the filesystem mounted here: "/imagenet" for a bind
     options: tuple[str, ...] = ()  # this mount's own options, e.g. ("ro", "nosuid", "nodev")
+    source: str = ""  # the field after the type: a FUSE mount's fsname, "tmpfs", "/dev/sda1"
 
     @property
     def is_fuse(self) -> bool:
@@ -78,6 +79,7 @@ def mounts(mountinfo: str = MOUNTINFO) -> list[MountEntry]:
                     tail[0],
                     root=_unescape(fields[3]),
                     options=tuple(fields[5].split(",")) if len(fields) > 5 else (),
+                    source=_unescape(tail[1]) if len(tail) > 1 else "",
                 )
             )
     return entries
@@ -88,12 +90,35 @@ def mounts_at(path: str) -> list[MountEntry]:
     return [entry for entry in mounts() if entry.path == path]
 
 
+# How many symlinks resolve_without_entering follows, as the kernel's own limit (SYMLOOP_MAX).
+_MAX_SYMLINKS = 40
+
+
 def resolve_without_entering(path: str) -> str:
-    """``path`` made absolute with its parent's symlinks resolved, without a stat of ``path``
-    itself: on a FUSE mount whose server is stopped, that stat would never return."""
+    """``path`` made absolute with every symlink resolved (its parents' and its own), the way
+    the kernel lists a mount made on it, without entering a mount on ``path``: on a FUSE mount
+    whose server is stopped, a stat of it would never return (or fail with ENOTCONN).
+
+    A path listed in mountinfo is a mount point and is returned as it is. Any other path is
+    not a mount point, so an lstat() of it never reaches a FUSE server: a symlink is followed
+    (readlink), and its target looked up in mountinfo again."""
     path = os.path.abspath(path)
-    parent, name = os.path.split(path)
-    return os.path.join(os.path.realpath(parent), name) if name else path
+    for _ in range(_MAX_SYMLINKS):
+        parent, name = os.path.split(path)
+        if not name:
+            return path  # "/"
+        parent = os.path.realpath(parent)
+        path = os.path.join(parent, name)
+        if mounts_at(path):
+            return path
+        try:
+            if not os.path.islink(path):
+                return path
+            target = os.readlink(path)
+        except OSError:  # gone meanwhile: what it names is as good as anything
+            return path
+        path = os.path.normpath(os.path.join(parent, target))
+    raise ConfigError(f"{path}: more than {_MAX_SYMLINKS} symlinks to follow")
 
 
 def _existing_ancestor(path: str) -> str:

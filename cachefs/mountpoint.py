@@ -61,12 +61,17 @@ class MountRecord:
     mount_id: int
     device: str
     pid: int
+    # The mount's fsname (mountinfo's source field), unique to each mount a worker makes
+    # (cachefs/fs/fuse_ops.py): the kernel gives a later mount on the same path the same
+    # mount id and device again when those are the lowest free, but never this name.
+    source: str
 
     def matches(self, entry: MountEntry) -> bool:
-        return (self.path, self.mount_id, self.device) == (
+        return (self.path, self.mount_id, self.device, self.source) == (
             entry.path,
             entry.mount_id,
             entry.device,
+            entry.source,
         )
 
 
@@ -75,7 +80,7 @@ def remember_mount(state_dir: str, mount_path: str) -> None:
     entry = _visible_mount(mount_path)
     if entry is None:
         return
-    record = MountRecord(mount_path, entry.mount_id, entry.device, os.getpid())
+    record = MountRecord(mount_path, entry.mount_id, entry.device, os.getpid(), entry.source)
     path = os.path.join(state_dir, MOUNT_RECORD)
     with open(f"{path}.tmp", "w") as f:
         json.dump(asdict(record), f)
@@ -94,7 +99,8 @@ def _recorded_mount(state_dir: str) -> MountRecord | None:
     try:
         with open(os.path.join(state_dir, MOUNT_RECORD)) as f:
             return MountRecord(**json.load(f))
-    except (OSError, ValueError, TypeError):  # none, or unreadable: nothing is known
+    # None, unreadable, or written before records named the source: nothing is known.
+    except (OSError, ValueError, TypeError):
         return None
 
 
@@ -230,7 +236,9 @@ def _detach(entry: MountEntry, mountpoint: str) -> None:
             continue
         if entry not in mounts_at(entry.path):
             return
-        failures.append(f"{command[0]}: {done.stderr.strip() or f'exit {done.returncode}'}")
+        # Its stderr may span lines: the error is one line.
+        said = " ".join(done.stderr.split())[:300]
+        failures.append(f"{command[0]}: {said or f'exit {done.returncode}'}")
     raise ConfigError(
         f"cannot clear the dead FUSE mount at {mountpoint} ({'; '.join(failures)}): "
         f"run `fusermount3 -uz {mountpoint}` as its owner"

@@ -42,14 +42,34 @@ def is_locked(path: str) -> bool:
     trying the lock: a check that took it, even for an instant, could make a worker starting
     at that moment refuse to start."""
     try:
-        stat = os.stat(path)
+        with open(path) as lock_file:
+            holder = lock_file.read().strip()
+            stat = os.fstat(lock_file.fileno())
     except FileNotFoundError:
         return False
-    # /proc/locks names a file as "MAJOR:MINOR:INODE", the device numbers in hex.
-    file_id = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
     with open("/proc/locks") as locks:
-        for line in locks:
-            fields = line.split()
-            if "FLOCK" in fields and file_id in fields:
-                return True
-    return False
+        return any(names_held_lock(line, stat, holder) for line in locks)
+
+
+def names_held_lock(line: str, stat: os.stat_result, holder: str) -> bool:
+    """Whether a line of /proc/locks is a held flock of the file of ``stat``, whose lock file
+    names ``holder`` as its pid.
+
+    A line names the file as "MAJOR:MINOR:INODE" (the device in hex), but its device is the
+    filesystem's own, which stat()'s st_dev need not be (a btrfs subvolume, overlayfs). So the
+    inode must match and then either the device or the pid: the holder writes its pid into the
+    file right after taking the lock."""
+    # "1: FLOCK  ADVISORY  WRITE 4242 00:2b:1234 0 EOF"; a waiter's line has "->" after "1:".
+    fields = line.split()
+    if "->" in fields or "FLOCK" not in fields:
+        return False
+    at = fields.index("FLOCK")
+    try:
+        pid, file_id = fields[at + 3], fields[at + 4]
+        major, minor, inode = file_id.split(":")
+        device = (int(major, 16), int(minor, 16))
+        if int(inode) != stat.st_ino:
+            return False
+    except (IndexError, ValueError):
+        return False
+    return device == (os.major(stat.st_dev), os.minor(stat.st_dev)) or pid == holder

@@ -38,6 +38,7 @@ def test_mounts_are_read_with_their_paths_decoded(tmpfs):
     (entry,) = mounts_at(tmpfs)
     assert entry.fstype == "tmpfs" and not entry.is_fuse
     assert entry.device == f"0:{os.minor(os.stat(tmpfs).st_dev)}"
+    assert entry.source == "tmpfs"  # the field after the type
     assert entry in mounts()
     assert filesystem_type(os.path.join(tmpfs, "not", "made", "yet")) == "tmpfs"
 
@@ -48,6 +49,19 @@ def test_resolve_without_entering_resolves_only_the_parent(tmp_path):
     assert resolve_without_entering(str(tmp_path / "link" / "mnt")) == str(
         tmp_path / "real" / "mnt"
     )
+
+
+def test_resolve_without_entering_follows_a_symlink_to_a_mount_point(tmpfs, tmp_path):
+    """The kernel lists a mount made through a symlink under the symlink's target: resolved
+    the same way (relative and chained links too), the path is found in mountinfo."""
+    (tmp_path / "to-mount").symlink_to(tmpfs)
+    (tmp_path / "relative").symlink_to("to-mount")
+    for link in ("to-mount", "relative"):
+        resolved = resolve_without_entering(str(tmp_path / link))
+        assert resolved == tmpfs and len(mounts_at(resolved)) == 1
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(ConfigError, match="symlinks to follow"):
+        resolve_without_entering(str(tmp_path / "loop"))
 
 
 def test_a_tier_larger_than_its_filesystem_is_refused(tmpfs):

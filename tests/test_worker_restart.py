@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,11 +22,18 @@ import uuid
 
 import pytest
 
+from cachefs.errors import ConfigError
 from cachefs.host import mounts_at
-from cachefs.mountpoint import FUSE_CONNECTIONS, MOUNT_RECORD
+from cachefs.mountpoint import FUSE_CONNECTIONS, MOUNT_RECORD, _detach
 from tests.cluster_process import Cluster, read_all
 from tests.waiting import WAIT_S, wait_for
-from tests.worker_process import REPO_ROOT, WorkerProcess, drop_page_cache, start_s3_world
+from tests.worker_process import (
+    REPO_ROOT,
+    WorkerProcess,
+    drop_page_cache,
+    force_unmount,
+    start_s3_world,
+)
 
 BLOCK = 256 << 10
 
@@ -84,6 +92,48 @@ def test_kill9_of_cachefs_up_then_plain_restart_serves_warm(moto_s3, fault_proxy
         assert not os.path.exists(os.path.join(worker.state, MOUNT_RECORD))
     finally:
         worker.cleanup()
+
+
+def test_kill9_then_plain_restart_through_a_symlinked_mount_serves_warm(
+    moto_s3, fault_proxy, tmp_path
+):
+    """--mount names a symlink to the mountpoint. The kernel lists the mount under the
+    symlink's target, so that is where the worker records it and the next start looks for it
+    (without a stat through the symlink, which would enter the dead mount)."""
+    bucket = moto_s3.make_bucket(f"cachefs-{uuid.uuid4().hex[:12]}")
+    files = _files()
+    for key, data in files.items():
+        moto_s3.put(bucket, f"ds/{key}", data)
+    real = tmp_path / "mnt"
+    real.mkdir()
+    link = tmp_path / "mnt-link"
+    link.symlink_to(real)
+    # The last --mount wins: every start of the worker is given the symlink, while the helper
+    # waits for the mount on, reads through and cleans up the real directory.
+    worker = WorkerProcess(str(tmp_path), env=moto_s3.env, extra_args=("--mount", str(link)))
+    assert worker.mount == str(real)
+    try:
+        worker.start()
+        worker.add_dataset(
+            "ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=10
+        )
+        assert read_all(worker.mount, files) == []  # cached now
+        with open(os.path.join(worker.state, MOUNT_RECORD)) as f:
+            assert json.load(f)["path"] == str(real)
+        worker.crash()
+        assert _mount_is_dead(str(link))
+
+        fault_proxy.reset_counts()
+        worker.start()  # the same command line, the symlink included
+        assert "clearing the FUSE mount" in worker.log()
+        assert len(mounts_at(str(real))) == 1  # replaced, not stacked
+        drop_page_cache()
+        assert read_all(str(link), files) == []  # byte for byte
+        assert _object_gets(fault_proxy, bucket, "ds") == 0
+        assert worker.status()["reads"]["misses"] == 0
+    finally:
+        worker.cleanup()
+    assert mounts_at(str(real)) == [] and link.is_symlink()
 
 
 def test_kill9_of_a_cluster_worker_then_plain_restart_serves_warm(moto_s3, fault_proxy, tmp_path):
@@ -245,6 +295,79 @@ def test_down_after_a_kill9_clears_the_dead_mount(tmp_path):
         assert again.stderr == "cachefs: no worker running\n"  # nothing left to clear
     finally:
         worker.cleanup()
+
+
+def test_down_leaves_alone_a_later_mount_that_only_shares_the_killed_ones_ids(tmp_path):
+    """Worker A is killed and its dead mount unmounted by hand, so A's mount.json stays; worker
+    B (another state directory) mounts the same path. The kernel may give B's mount A's mount
+    id and device again (lowest free first): written into A's record here, so that it surely
+    happens. B then stops answering (SIGSTOP). `cachefs down --state A` must not take B's
+    mount for A's: each mount has a name of its own (its fsname), and B's is not A's."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "f").write_bytes(b"B serves this")
+    first = WorkerProcess(str(tmp_path / "a"))
+    second = WorkerProcess(str(tmp_path / "b"))
+    second.mount = first.mount
+    try:
+        first.start()
+        first.crash()
+        force_unmount(first.mount)  # by hand: the record stays
+        record_path = os.path.join(first.state, MOUNT_RECORD)
+        second.start()
+        second.add_dataset("d", f"file://{source}")
+        (mount,) = mounts_at(os.path.realpath(second.mount))
+        with open(record_path) as f:
+            record = json.load(f)
+        assert record["source"] != mount.source  # names made for each mount
+        assert record["source"].startswith("cachefs-") and mount.source.startswith("cachefs-")
+        record.update(mount_id=mount.mount_id, device=mount.device)
+        with open(record_path, "w") as f:
+            json.dump(record, f)
+
+        os.kill(second.proc.pid, signal.SIGSTOP)
+        try:
+            down = _cli("--state", first.state, "down")
+        finally:
+            os.kill(second.proc.pid, signal.SIGCONT)
+        assert down.returncode == 0, down.stderr
+        assert down.stderr == "cachefs: no worker running\n"  # nothing of A's to clear
+        assert not os.path.exists(record_path)  # A's mount is gone: forgotten
+        assert mounts_at(os.path.realpath(second.mount)) == [mount]
+        with open(second.path("d", "f"), "rb") as f:
+            assert f.read() == b"B serves this"
+        assert second.proc.poll() is None
+    finally:
+        second.cleanup()
+        first.cleanup()
+
+
+def test_a_mount_that_cannot_be_cleared_is_refused_in_one_line(tmp_path, monkeypatch):
+    """The unmount commands fail with two lines on stderr (as fusermount3 can): the error is
+    still one line. Below a seam: the commands are stand-ins found first on PATH, run on a
+    real tmpfs mount that they leave in place; the real commands clear real dead mounts in
+    the tests above."""
+    umount = shutil.which("umount")
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)], check=True)
+    try:
+        stand_ins = tmp_path / "bin"
+        stand_ins.mkdir()
+        for name in ("umount", "fusermount3", "fusermount"):
+            script = stand_ins / name
+            script.write_text("#!/bin/sh\necho 'first line' >&2\necho 'second line' >&2\nexit 1\n")
+            script.chmod(0o755)
+        monkeypatch.setenv("PATH", str(stand_ins))
+        (entry,) = mounts_at(str(mountpoint))
+        with pytest.raises(ConfigError) as refused:
+            _detach(entry, str(mountpoint))
+        message = str(refused.value)
+        assert "\n" not in message, message
+        assert "umount: first line second line; fusermount3: first line second line" in message
+        assert mounts_at(str(mountpoint)) == [entry]
+    finally:
+        subprocess.run([umount, str(mountpoint)], check=True)
 
 
 def _process_group(pgid: int) -> list[int]:

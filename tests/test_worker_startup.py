@@ -16,6 +16,7 @@ import pytest
 
 from cachefs.client import ControlClient
 from cachefs.host import mounts_at
+from cachefs.pidlock import is_locked, names_held_lock, take_pid_lock
 from cachefs.worker import default_ram_dir
 from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import REPO_ROOT, force_unmount, log_tail
@@ -263,3 +264,36 @@ def test_the_serving_line_comes_only_once_the_mount_is_up(tmp_path):
         proc.wait(timeout=WAIT_S)
         force_unmount(mount)
         shutil.rmtree(default_ram_dir(state), ignore_errors=True)
+
+
+def test_is_locked_sees_a_held_worker_lock_and_its_release(tmp_path):
+    path = str(tmp_path / "worker.lock")
+    assert not is_locked(path)  # no file
+    lock_file = take_pid_lock(path)
+    try:
+        assert is_locked(path)
+    finally:
+        lock_file.close()
+    assert not is_locked(path)  # the kernel let go of it; the pid text stays
+
+
+def test_a_lock_line_naming_another_device_is_matched_by_inode_and_pid(tmp_path):
+    """/proc/locks names the filesystem's own device, which stat()'s st_dev is not on a btrfs
+    subvolume or overlayfs: such a line is the held lock when its inode and the pid written in
+    the lock file match. (A line with another device, built here: this machine's filesystems
+    show the same device both ways; the real /proc/locks is read in the test above.)"""
+    path = tmp_path / "worker.lock"
+    path.write_text("4242")
+    stat = os.stat(path)
+    other = f"{os.major(stat.st_dev) + 1:02x}:{os.minor(stat.st_dev) + 7:02x}"
+    own = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}"
+
+    def line(device: str, pid: int, inode: int = stat.st_ino, waiter: str = "") -> str:
+        return f"3: {waiter}FLOCK  ADVISORY  WRITE {pid} {device}:{inode} 0 EOF\n"
+
+    assert names_held_lock(line(other, 4242), stat, "4242")  # st_dev differs: inode and pid
+    assert names_held_lock(line(own, 1), stat, "4242")  # st_dev is its device: inode alone
+    assert not names_held_lock(line(other, 1), stat, "4242")  # another file's lock
+    assert not names_held_lock(line(other, 4242, stat.st_ino + 1), stat, "4242")
+    assert not names_held_lock(line(own, 4242, waiter="-> "), stat, "4242")  # only waits
+    assert not names_held_lock("4: OFDLCK ADVISORY  WRITE -1 fe:00:1 0 EOF\n", stat, "4242")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import time
 
 import pyfuse3
@@ -242,7 +243,7 @@ class FuseOperations(pyfuse3.Operations):
 
 # default_permissions: the kernel checks every access against the owner and mode bits getattr
 # returns (cachefs.fs.core), so a file only root may read in a file:// source stays so.
-MOUNT_OPTIONS_BASE = ("fsname=cachefs", "subtype=cachefs", "ro", "default_permissions")
+MOUNT_OPTIONS_BASE = ("subtype=cachefs", "ro", "default_permissions")
 
 
 def mount_options(*, allow_other: bool) -> set[str]:
@@ -251,6 +252,9 @@ def mount_options(*, allow_other: bool) -> set[str]:
     # No max_read: libfuse refuses a mount option that pyfuse3's init() does not also set; the
     # kernel then uses the largest size both sides support (max_pages, 128 KiB to 1 MiB).
     options = set(MOUNT_OPTIONS_BASE)
+    # A name of its own for each mount (mountinfo's source field): a restart tells the mount
+    # its killed predecessor recorded from a later one on the same path (cachefs/mountpoint.py).
+    options.add(f"fsname=cachefs-{secrets.token_hex(6)}")
     if allow_other:
         options.add("allow_other")
     return options
