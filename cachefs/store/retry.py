@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -141,9 +141,13 @@ class Attempt:
 
 @dataclass
 class _Outcome:
-    attempt: Attempt
+    attempt: Attempt | None  # None: no try's outcome, the store was closed
     result: Any = None
     error: BaseException | None = None
+
+
+#: What :meth:`HedgedReads.close` tells every read still waiting.
+_CLOSED = _Outcome(attempt=None)
 
 
 #: How often a caller looks again at a try still waiting for a pool thread (a saturated pool:
@@ -174,8 +178,10 @@ class HedgedReads:
     its SDK client (``attempt_timeout_s``) end a silent or stalled one; one whose headers come
     after it lost stops before its body (:meth:`Attempt.check_abandoned`), one already reading
     its body ends with it (a block at most). Its outcome is dropped.
-    :meth:`close` lets the pool's threads go once their tries have ended; :attr:`in_flight`
-    counts tries not ended yet, abandoned ones included.
+    :meth:`close` ends every waiting read at once ("the store was closed") and lets the
+    pool's threads go once their tries have ended; :attr:`in_flight` counts tries not ended
+    yet, abandoned ones included (a try dropped from the pool's queue by :meth:`close` ends
+    then).
     """
 
     def __init__(
@@ -191,6 +197,8 @@ class HedgedReads:
         self._jitter = jitter  # for tests
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._closed = False
+        self._waiting: set[queue.SimpleQueue] = set()  # the outcomes of reads not ended
 
     @property
     def in_flight(self) -> int:
@@ -198,7 +206,13 @@ class HedgedReads:
             return self._in_flight
 
     def close(self) -> None:
-        """No new reads; queued tries are dropped, running ones end by their own timeouts."""
+        """No new reads; waiting reads end at once with "the store was closed"; queued tries
+        are dropped, running ones end by their own timeouts."""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = self._waiting, set()
+        for outcomes in waiting:
+            outcomes.put(_CLOSED)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def call(
@@ -213,7 +227,16 @@ class HedgedReads:
         ``what`` names the read in messages (``"GET 'a.jpg' bytes 0+100"``); ``stalled(cause)``
         makes the error for a try that timed out here (the store's dataset, key and location).
         """
-        return _OneRead(self, read, what=what, stalled=stalled).run()
+        one_read = _OneRead(self, read, what=what, stalled=stalled)
+        with self._lock:
+            if self._closed:
+                raise stalled("the store was closed")
+            self._waiting.add(one_read.outcomes)
+        try:
+            return one_read.run()
+        finally:
+            with self._lock:
+                self._waiting.discard(one_read.outcomes)
 
     def _launch(
         self, read: Callable[[Attempt], T], attempt: Attempt, outcomes: queue.SimpleQueue
@@ -221,11 +244,21 @@ class HedgedReads:
         with self._lock:
             self._in_flight += 1
         try:
-            self._pool.submit(self._run, read, attempt, outcomes)
+            future = self._pool.submit(self._run, read, attempt, outcomes)
         except RuntimeError:  # the pool is shut down: the store was closed
-            with self._lock:
-                self._in_flight -= 1
+            self._ended()
             raise
+        future.add_done_callback(self._dropped_if_cancelled)
+
+    def _dropped_if_cancelled(self, future: Future) -> None:
+        """A try :meth:`close` dropped from the pool's queue never runs :meth:`_run`: it ends
+        here (its read was told by :meth:`close` already)."""
+        if future.cancelled():
+            self._ended()
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     def _run(
         self, read: Callable[[Attempt], T], attempt: Attempt, outcomes: queue.SimpleQueue
@@ -243,8 +276,7 @@ class HedgedReads:
             else:
                 outcomes.put(_Outcome(attempt, result=result))
         finally:
-            with self._lock:
-                self._in_flight -= 1
+            self._ended()
 
 
 class _OneRead:
@@ -280,6 +312,8 @@ class _OneRead:
                 if now >= self.deadline or (not self.live and not self._launch_in_budget()):
                     raise self._gave_up(now)
                 outcome = self._next_outcome(now)
+                if outcome is _CLOSED:
+                    raise self.stalled("the store was closed")
                 if outcome is None or outcome.attempt not in self.live:
                     continue  # a timer is due, or a try already abandoned ended: dropped
                 if outcome.error is None:

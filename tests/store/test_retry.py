@@ -241,11 +241,17 @@ def test_a_silent_try_gets_a_hedge_and_the_first_answer_wins(hedged):
 
 
 def test_a_try_that_answered_is_not_hedged_however_slow_its_body(hedged):
-    reads = hedged(first_byte_timeout_s=1.0, deadline_s=WAIT_S)
+    # The try answers on its first line; the hedge would come 3 s after its thread took it up.
+    reads = hedged(first_byte_timeout_s=6.0, deadline_s=WAIT_S)
+    body_ends_at: dict[int, float] = {}
 
     def script(number, attempt):
         attempt.first_byte()
-        time.sleep(1.5)  # longer than the first-byte timeout, spent "reading the body"
+        # "Reads the body" until past its first-byte timeout, counted from when it began (as
+        # the caller counts): a clock still running for it would have hedged or replaced it.
+        body_ends_at[number] = attempt.began_at + reads.policy.attempt_timeout_s + 1.0
+        while time.monotonic() < body_ends_at[number]:
+            time.sleep(0.05)
         return number
 
     tries = ScriptedTries(script)
@@ -268,7 +274,9 @@ def test_a_try_that_stalls_mid_body_is_replaced(hedged):
 
 
 def test_when_every_try_stalls_the_budget_ends_the_read_in_one_line(hedged):
-    reads = hedged(attempts=1000, first_byte_timeout_s=0.2, deadline_s=1.0)
+    # A hedge 0.25 s after the first try began, a replacement at 0.5 s, and so on: the budget
+    # leaves a loaded machine seconds to start the first two tries.
+    reads = hedged(attempts=1000, first_byte_timeout_s=0.5, deadline_s=6.0)
     tries = ScriptedTries(lambda number, attempt: tries.stay_silent(attempt))
 
     with pytest.raises(StoreUnavailable) as caught:
@@ -277,14 +285,14 @@ def test_when_every_try_stalls_the_budget_ends_the_read_in_one_line(hedged):
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith("dataset 'ds', s3://b/, key 'k': ")
-    assert "the store did not answer within 0.2 s (gave up on GET k after " in message
+    assert "the store did not answer within 0.5 s (gave up on GET k after " in message
     assert 1 < len(tries.began) < 1000  # the budget, not the attempts, ended it
     wait_until_ended(reads)
     assert sorted(tries.abandoned) == sorted(tries.began)  # no try left behind
 
 
 def test_when_every_try_stalls_the_attempts_bound_the_tries(hedged):
-    reads = hedged(attempts=3, first_byte_timeout_s=0.2, deadline_s=WAIT_S)
+    reads = hedged(attempts=3, first_byte_timeout_s=1.0, deadline_s=WAIT_S)
     tries = ScriptedTries(lambda number, attempt: tries.stay_silent(attempt))
 
     with pytest.raises(StoreUnavailable, match="after 3 tries in"):
@@ -348,6 +356,52 @@ def test_a_closed_pool_refuses_new_reads_in_one_line(hedged):
 
     with pytest.raises(StoreUnavailable, match=r"key 'k': the store was closed$"):
         call(reads, ScriptedTries(lambda number, attempt: b"x"))
+
+
+def test_closing_the_store_ends_waiting_reads_at_once_and_every_try_ends():
+    """One pool thread: read A's try holds it (its store silent), read B's try waits in the
+    pool's queue. Closing the store ends both reads at once in one line, though neither's
+    budget nor first-byte timeout (an hour) is near; B's dropped try counts as ended, and A's
+    ends when its (here: scripted) socket gives up."""
+    reads = HedgedReads(
+        RetryPolicy(first_byte_timeout_s=3600.0, deadline_s=3600.0), name="test-read", threads=1
+    )
+    a_began, a_socket_gives_up = threading.Event(), threading.Event()
+
+    def hold_the_thread(number, attempt):
+        a_began.set()
+        assert a_socket_gives_up.wait(WAIT_S), "the test never let try A end"
+        raise StoreUnavailable("the store did not answer in time (ReadTimeoutError)")
+
+    errors: dict[str, BaseException] = {}
+
+    def read(name: str, tries: ScriptedTries) -> None:
+        try:
+            call(reads, tries)
+        except BaseException as exc:
+            errors[name] = exc
+
+    b_tries = ScriptedTries(lambda number, attempt: b"never run")
+    readers = {
+        "A": threading.Thread(target=read, args=("A", ScriptedTries(hold_the_thread))),
+        "B": threading.Thread(target=read, args=("B", b_tries)),
+    }
+    readers["A"].start()
+    assert a_began.wait(WAIT_S)
+    readers["B"].start()
+    wait_for(lambda: reads.in_flight == 2, "B's try to wait for the pool's thread")
+
+    reads.close()
+    for reader in readers.values():
+        reader.join(WAIT_S)
+        assert not reader.is_alive(), "a read still waits on a closed store"
+    for name in "AB":
+        assert isinstance(errors[name], StoreUnavailable)
+        assert str(errors[name]) == "dataset 'ds', s3://b/, key 'k': the store was closed"
+    assert b_tries.began == []
+    assert reads.in_flight == 1  # A's try, still in its (blocking) SDK call
+    a_socket_gives_up.set()
+    wait_until_ended(reads)
 
 
 # --- network_failure_cause ---------------------------------------------------------------------
