@@ -214,6 +214,11 @@ class FillReport(_Report):
     copied_bytes: JsonInt = Field(0, ge=0)
     absent_blocks: JsonInt = Field(0, ge=0)
     failed_blocks: JsonInt = Field(0, ge=0)
+    failed_shards: Annotated[dict[ShardNumber, json_int(ge=0)], _SHARD_KEYS_ONLY] = Field(
+        default_factory=dict,
+        description="shard -> blocks whose copy failed in the latest pass over it (the "
+        "coordinator keeps such shards on the nodes that handed them off)",
+    )
 
 
 class TaskResult(_Report):

@@ -16,7 +16,7 @@ The functions at the bottom are pure: given locality numbers they choose and ran
 from __future__ import annotations
 
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 DEFAULT_COPY = "A"
@@ -57,6 +57,11 @@ class CopyState:
     # node -> shards it handed off within this copy and still holds, kept until their owner
     # here holds them (then trimmed); see split_handed_off.
     handed_off: dict[str, list[int]] = field(default_factory=dict)
+    # Shards whose new owner reported failed blocks in a hand-off's fill: their owner's byte
+    # count proves nothing (other blocks read through can make up the bytes), so the nodes that
+    # handed them off keep them until a later fill copies them without a failure
+    # (see split_handed_off).
+    failed_in_fill: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -67,6 +72,7 @@ class CopyState:
             "last_used_at": self.last_used_at,
             "freed_at": self.freed_at,
             "handed_off": self.handed_off,
+            "failed_in_fill": self.failed_in_fill,
         }
 
     @classmethod
@@ -82,6 +88,7 @@ class CopyState:
             last_used_at=data.get("last_used_at", 0.0),
             freed_at=data.get("freed_at"),
             handed_off=data.get("handed_off", {}),
+            failed_in_fill=data.get("failed_in_fill", []),
         )
 
 
@@ -91,21 +98,28 @@ def split_handed_off(
     owned: set[int],
     owners: Mapping[int, str | None],
     owner_holds: Mapping[str, Mapping[int, int]],
+    failed_in_fill: Collection[int] = (),
 ) -> tuple[set[int], set[int]]:
     """**The hand-off invariant: a node drops a shard only once another node holds it.**
 
     For one ``node`` that held data of a copy before a hand-off: ``held`` is its bytes per
     shard (its heartbeat), ``owned`` the shards it owns now in its own copy (never dropped),
     ``owners`` each shard's owner in the copy now (live nodes), ``owner_holds`` those owners'
-    cached bytes per shard (their heartbeats). Returns (``trim``, ``wait``): the shards it holds
-    and does not own whose owner holds at least as many bytes of them (safe to drop: the copy
-    keeps every block, and readers already go to that owner), and the others, which it keeps.
+    cached bytes per shard (their heartbeats), ``failed_in_fill`` the shards where copying a
+    block to their owner failed in a fill. Returns (``trim``, ``wait``): the shards it holds
+    and does not own, none of whose blocks failed in a fill, whose owner holds at least as many
+    bytes of them (safe to drop: the copy keeps every block, and readers already go to that
+    owner), and the others, which it keeps.
 
     Counting bytes, not "the fill said done", is what makes this hold whatever went wrong:
     a fill that never ran (the bug where fill ids repeated across datasets), a block that
     failed to copy, an owner that evicted what it copied, or a trim from an earlier hand-off
-    still queued when the next scale starts. A kept shard costs only cache space: it is
-    trimmed once its owner holds it (read through, preloaded) and freed by cleanup.
+    still queued when the next scale starts. Bytes alone do not prove the same blocks: a block
+    that failed to copy stays here only, and the owner may make up its bytes with other blocks
+    of the shard read through from the store; so a shard with failed blocks in a fill waits
+    whatever the bytes say. A kept shard costs only cache space: it is trimmed once its owner
+    holds it (read through, preloaded; a failed one once a later fill copied it) and freed by
+    cleanup.
     """
     trim: set[int] = set()
     wait: set[int] = set()
@@ -113,7 +127,9 @@ def split_handed_off(
         if nbytes <= 0 or shard in owned:
             continue
         owner = owners[shard]
-        if owner not in (None, node) and owner_holds.get(owner, {}).get(shard, 0) >= nbytes:
+        if shard in failed_in_fill:
+            wait.add(shard)
+        elif owner not in (None, node) and owner_holds.get(owner, {}).get(shard, 0) >= nbytes:
             trim.add(shard)
         else:
             wait.add(shard)

@@ -24,10 +24,12 @@ that held data of the copy before (its previous nodes, the nodes leaving it, and
 waiting from an earlier hand-off), :meth:`CacheManager._settle_hand_off` compares heartbeats:
 a shard the node holds and no longer owns is trimmed (a ``trim`` task naming the shards) only
 if the shard's owner in the copy now reports at least as many bytes of it
-(:func:`~coordinator.copies.split_handed_off`); the others wait in the copy's ``handed_off``
-and are judged again on every tick. A scale folds the trims still pending for the copy back
-into ``handed_off``, so a trim decided before a scale is never carried out after it; a worker
-also never trims a shard it owns under its current view (:mod:`cachefs.cluster.tasks`).
+(:func:`~coordinator.copies.split_handed_off`) and no block of it failed to copy in a fill
+(``copy.failed_in_fill``, :meth:`CacheManager._note_failed_shards`); the others wait in the
+copy's ``handed_off`` and are judged again on every tick. A scale folds the trims still
+pending for the copy back into ``handed_off``, so a trim decided before a scale is never
+carried out after it; a worker also never trims a shard it owns under its current view
+(:mod:`cachefs.cluster.tasks`).
 
 Everything runs under the :class:`~coordinator.cluster.Cluster`'s lock and writes through to
 its state store before answering. Lease renewals are kept in memory: a restarted coordinator
@@ -537,8 +539,10 @@ class CacheManager:
                 absent = sum(r.get("absent_blocks", 0) for r in reports if r)
                 failed = sum(r.get("failed_blocks", 0) for r in reports if r)
                 copy.fill = None
-                for node_reports in self._fill_reports.values():
-                    node_reports.pop((name, copy_id, fill.id), None)
+                for node in list(self._fill_reports):
+                    self._fill_reports[node].pop((name, copy_id, fill.id), None)
+                    if not self._fill_reports[node]:
+                        del self._fill_reports[node]
                 outcome = "timed out" if not done else "done"
                 message = (
                     f"fill {fill.id} of copy {copy_id} ({fill.reason}) {outcome}: {copied} bytes "
@@ -548,6 +552,9 @@ class CacheManager:
                 if fill.hands_off:
                     # The invariant (module docstring): the nodes that held the copy's data drop
                     # only the shards their new owner holds; the rest wait in ``handed_off``.
+                    self._note_failed_shards(
+                        name, copy_id, copy, fill, dict(zip(live, reports, strict=True))
+                    )
                     holders = set(fill.sources) | set(fill.leaving) | set(copy.handed_off)
                     trimmed, kept = self._settle_hand_off(
                         name, copy_id, copy, holders, None, f"hand-off {fill.id} finished"
@@ -558,6 +565,47 @@ class CacheManager:
                     details.update(trimmed_shards=trimmed, kept_shards=kept)
                 self.cluster._save_dataset(state)
                 self._event("fill", name, copy_id, message, **details)
+
+    def _note_failed_shards(
+        self,
+        dataset: str,
+        copy_id: str,
+        copy: CopyState,
+        fill: FillState,
+        reports: dict[str, dict | None],
+    ) -> None:
+        """A hand-off's fill ended: record in ``copy.failed_in_fill`` the shards whose new owner
+        failed to copy blocks (their holders keep them whatever the bytes say), and take out the
+        shards recorded by an earlier fill that this one walked without a failure. Only a node
+        that reported done walked its shards, and only one with no absent blocks proves them
+        whole: this fill's source for a shard is its previous owner, which may lack blocks the
+        earlier holder still has."""
+        failed: set[int] = set()
+        for report in reports.values():
+            for shard, count in ((report or {}).get("failed_shards") or {}).items():
+                if count > 0:
+                    failed.add(int(shard))
+        recorded = set(copy.failed_in_fill)
+        if recorded:
+            live = self.cluster.live_copy_nodes(dataset, copy_id)
+            sources = [
+                n for n in fill.sources
+                if n in self.cluster.nodes and self.cluster.is_up(self.cluster.nodes[n])
+            ]  # fmt: skip
+            for shard in sorted(recorded):
+                owner = shard_owner(dataset, shard, live)
+                source = shard_owner(dataset, shard, sources)
+                report = reports.get(owner) if owner is not None else None
+                walked = source not in (None, owner) and report is not None and report.get("done")
+                if walked and not report.get("absent_blocks", 0) and shard not in failed:
+                    recorded.discard(shard)
+        copy.failed_in_fill = sorted(recorded | failed)
+
+    @staticmethod
+    def _forget_failed_not_held(copy: CopyState) -> None:
+        """A shard no node holds back any more needs no confirming: nothing can be lost."""
+        held_back = {shard for shards in copy.handed_off.values() for shard in shards}
+        copy.failed_in_fill = [s for s in copy.failed_in_fill if s in held_back]
 
     def _fill_report(self, node: str, dataset: str, copy_id: str, fill_id: str) -> dict | None:
         """``node``'s latest report of the fill (dataset, copy, id), or None."""
@@ -608,7 +656,9 @@ class CacheManager:
                 if owner is not None
             }
             owned = self._owned_among(dataset, node, set(held))
-            trim, wait = split_handed_off(node, held, owned, owners, owner_holds)
+            trim, wait = split_handed_off(
+                node, held, owned, owners, owner_holds, set(copy.failed_in_fill)
+            )
             if trim:
                 self._add_task(node, "trim", dataset, reason, copy=copy_id, shards=sorted(trim))
             if wait:
@@ -616,6 +666,7 @@ class CacheManager:
             else:
                 copy.handed_off.pop(node, None)
             trimmed, kept = trimmed + len(trim), kept + len(wait)
+        self._forget_failed_not_held(copy)
         return trimmed, kept
 
     def _settle_waiting_hand_offs(self) -> None:
@@ -826,9 +877,26 @@ class CacheManager:
                 f"{task.dataset} ({task.kind}: {task.reason})" + (f": {error}" if error else ""),
                 node=node, freed_bytes=freed,
             )  # fmt: skip
-        reports = self._fill_reports.setdefault(node, {})
+        # Only a copy's current fill counts: a heartbeat sent before the node saw a fill end
+        # still reports it, and keeping that report would leak it (_finish_fills dropped the
+        # fill's reports already).
         for dataset, fill in report.get("fills", {}).items():
-            reports[(dataset, fill.get("copy"), fill.get("id"))] = fill
+            key = (dataset, fill.get("copy"), fill.get("id"))
+            if self._is_current_fill(*key):
+                self._fill_reports.setdefault(node, {})[key] = fill
+
+    def _drop_reports_of_nodes_gone(self, now: float) -> None:
+        """A node that left (no longer registered, or down) counts for no fill: its reports go;
+        back up, it reports again in its next heartbeat."""
+        for node in list(self._fill_reports):
+            state = self.cluster.nodes.get(node)
+            if state is None or not self.cluster.is_up(state, now):
+                del self._fill_reports[node]
+
+    def _is_current_fill(self, dataset: str, copy_id: str | None, fill_id: str | None) -> bool:
+        state = self.cluster.datasets.get(dataset)
+        copy = state.copies.get(copy_id) if state is not None and copy_id is not None else None
+        return copy is not None and copy.fill is not None and copy.fill.id == fill_id
 
     def tick(self) -> None:
         with self.cluster._lock:
@@ -840,6 +908,7 @@ class CacheManager:
                     self.release(job.id, reason=f"released: lease of {job.lease_s:g} s expired")
             for dataset in {job.dataset for job in self.jobs.values() if job.state == "suspended"}:
                 self._promote(dataset)
+            self._drop_reports_of_nodes_gone(now)
             self._finish_fills(now)
             self._settle_waiting_hand_offs()
             self._cleanup_ttl(now)

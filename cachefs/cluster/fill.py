@@ -175,6 +175,9 @@ class _FillRun:
             "copied_bytes": self.copied_bytes,
             "absent_blocks": self.absent_blocks,
             "failed_blocks": self.failed_blocks,
+            # per shard: the coordinator never trims a shard with failed blocks from the node
+            # that handed it off on a byte count alone (coordinator/copies.py split_handed_off)
+            "failed_shards": {str(s): n for s, n in sorted(self._failed.items()) if n},
         }
 
     async def run(self) -> None:

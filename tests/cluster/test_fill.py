@@ -23,6 +23,7 @@ import trio
 
 from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.cache.base import BlockKey, shard_of
+from cachefs.cluster import fill as fill_module
 from cachefs.cluster.fill import Filler
 from cachefs.cluster.membership import Membership
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
@@ -303,6 +304,7 @@ async def test_filler_copies_what_the_sources_hold_and_nothing_else(world):
             "copied_bytes": sum(len(world.block(*b)) for b in copied),
             "absent_blocks": len(absent),
             "failed_blocks": 0,
+            "failed_shards": {},
         }
         for key, index in sorted(copied | precached):
             cached = n3.cache.read(world.block_key("n3", key, index))
@@ -414,6 +416,38 @@ async def test_blocks_that_failed_to_copy_are_tried_again(world):
     assert n3.metrics.fill_blocks["failed"] >= len(copied)  # every one failed once
     for key, index in copied:
         assert n3.cache.read(world.block_key("n3", key, index)) == world.block(key, index)
+
+
+async def test_blocks_that_never_copy_are_reported_per_shard(world, monkeypatch):
+    """The source always answers 500 for one file: after the last pass its blocks are failed,
+    counted under the file's shard (the coordinator keeps such a shard on the node that handed
+    it off, coordinator/copies.py split_handed_off)."""
+    monkeypatch.setattr(fill_module, "FAILED_SHARD_RETRY_S", (0.01,))
+    held, precached = seed_copy_a(world)
+    n1, n2, n3 = world.nodes["n1"], world.nodes["n2"], world.nodes["n3"]
+    copied = held - precached
+    broken = min(key for key, _index in copied)
+    table = owner_table(DATASET, ["n1", "n2"])
+    node_of = {key: world.nodes[table[shard_of(key)]] for key in world.files}
+
+    async def broken_file(req: BlockRequest) -> tuple[bytes, bytes]:
+        if req.key == broken:
+            raise RuntimeError("injected: the source fails this file")  # a 500
+        return await node_of[req.key].fs.serve_peer_block(req)
+
+    async with served(create_peer_app(broken_file, TOKEN), "127.0.0.6") as address:
+        n1.address = n2.address = address
+        world.apply(world.view(CLONE, CLONE_FILL))
+        filler = Filler(n3, n3.cache, n3.peers, n3.membership, n3.metrics, concurrency=8)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(filler.run)
+            filler.assign(n3.membership.fill_assignments())
+            report = await wait_done(filler)
+            nursery.cancel_scope.cancel()
+    failed = sum(1 for key, _index in copied if key == broken)
+    assert failed and report["failed_blocks"] == failed
+    assert report["failed_shards"] == {str(shard_of(broken)): failed}
+    assert report["copied_blocks"] == len(copied) - failed
 
 
 async def test_a_fill_removed_from_the_view_is_cancelled(world):

@@ -496,6 +496,112 @@ def test_back_to_back_scales_never_trim_what_the_next_one_needs(cluster: Cluster
     assert cluster.dataset_status("imagenet")["copies"][0]["handed_off"] == {}
 
 
+def test_a_shard_with_failed_blocks_is_kept_whatever_the_bytes_say(cluster: Cluster) -> None:
+    """A block of shard ``x`` failed to copy to n2; n2 then read other blocks of ``x`` through
+    and holds as many bytes as n1. The bytes match, the blocks do not: n1 keeps ``x`` (the
+    failed block is cached nowhere else) until a later fill walks ``x`` without a failure."""
+    cluster.add_dataset(spec("imagenet"), nodes=["n1"])
+    everything = set(range(SHARDS))
+    beat_all(cluster, ["n2", "n3"])
+    beat(cluster, "n1", datasets=holding(everything))
+    cluster.manager.scale("imagenet", "A", ["n2"], [])
+    gained = owned_by("n2", ["n1", "n2"])
+    # x: n2's now, and n3's after the next scale (so that scale's fill walks it again).
+    x = min(gained & owned_by("n3", ["n1", "n2", "n3"]))
+    failed = {"failed_blocks": 1, "failed_shards": {str(x): 1}}
+    beat(cluster, "n1", datasets=holding(everything), fills=fill_done("imagenet", "A", "A-1"))
+    n2_fill = {"imagenet": {"copy": "A", "id": "A-1", "done": True, **failed}}
+    beat(cluster, "n2", datasets=holding(gained), fills=n2_fill)
+    cluster.tick()
+    status = cluster.dataset_status("imagenet")["copies"][0]
+    assert status["fill"] is None
+    (trim,) = trims(cluster, "n1", datasets=holding(everything))
+    assert set(trim["shards"]) == gained - {x}
+    assert status["handed_off"] == {"n1": 1}
+    (event,) = [e for e in cluster.manager.list_events("imagenet") if e["kind"] == "fill"]
+    assert (event["failed_blocks"], event["kept_shards"]) == (1, 1)
+
+    # Ticks judge the kept shard again: n2's bytes of x still do not prove its blocks.
+    n1_holds = (everything - gained) | {x}
+    beat(cluster, "n1", datasets=holding(n1_holds), tasks_done={trim["id"]: {"freed_bytes": 1}})
+    beat(cluster, "n2", datasets=holding(gained))
+    cluster.tick()
+    assert trims(cluster, "n1", datasets=holding(n1_holds)) == []
+    assert cluster.dataset_status("imagenet")["copies"][0]["handed_off"] == {"n1": 1}
+
+    # n3 joins and takes x: its fill walks x with no failed (and no absent) block. Then n1
+    # drops x, n2 the shards n3 took.
+    cluster.manager.scale("imagenet", "A", ["n3"], [])
+    now_n3 = owned_by("n3", ["n1", "n2", "n3"])
+    beat(cluster, "n1", datasets=holding(n1_holds), fills=fill_done("imagenet", "A", "A-2"))
+    beat(cluster, "n2", datasets=holding(gained), fills=fill_done("imagenet", "A", "A-2"))
+    beat(cluster, "n3", datasets=holding(now_n3), fills=fill_done("imagenet", "A", "A-2"))
+    cluster.tick()
+    (late,) = trims(cluster, "n1", datasets=holding(n1_holds))
+    assert x in late["shards"]
+    assert cluster.dataset_status("imagenet")["copies"][0]["handed_off"] == {}
+
+
+def test_a_later_fill_with_absent_blocks_does_not_confirm_a_failed_shard(
+    cluster: Cluster,
+) -> None:
+    """The later fill copies x from its previous owner (n2), which may lack the very block
+    that failed: blocks absent there prove nothing about what n1 still holds alone."""
+    cluster.add_dataset(spec("imagenet"), nodes=["n1"])
+    everything = set(range(SHARDS))
+    beat_all(cluster, ["n2", "n3"])
+    beat(cluster, "n1", datasets=holding(everything))
+    cluster.manager.scale("imagenet", "A", ["n2"], [])
+    gained = owned_by("n2", ["n1", "n2"])
+    x = min(gained & owned_by("n3", ["n1", "n2", "n3"]))
+    beat(cluster, "n1", datasets=holding(everything), fills=fill_done("imagenet", "A", "A-1"))
+    n2_fill = {"copy": "A", "id": "A-1", "done": True, "failed_shards": {str(x): 2}}
+    beat(cluster, "n2", datasets=holding(gained), fills={"imagenet": n2_fill})
+    cluster.tick()
+    cluster.manager.scale("imagenet", "A", ["n3"], [])
+    n3_fill = {"copy": "A", "id": "A-2", "done": True, "absent_blocks": 1}
+    for node in ("n1", "n2"):
+        beat(cluster, node, datasets=holding(everything if node == "n1" else gained),
+             fills=fill_done("imagenet", "A", "A-2"))  # fmt: skip
+    n3_holds = owned_by("n3", ["n1", "n2", "n3"])
+    beat(cluster, "n3", datasets=holding(n3_holds), fills={"imagenet": n3_fill})
+    cluster.tick()
+    (trim,) = trims(cluster, "n1", datasets=holding(everything))
+    assert x not in trim["shards"]
+    assert cluster.dataset_status("imagenet")["copies"][0]["handed_off"]["n1"] == 1
+
+
+def test_reports_of_a_finished_fill_or_a_node_gone_are_not_kept(
+    cluster: Cluster, clock: FakeClock
+) -> None:
+    """A heartbeat sent before the node saw the fill end reports it again: ignored (it would
+    stay forever). A node that went down keeps no report either."""
+    cluster.add_dataset(spec("imagenet"), nodes=["n1"])
+    beat_all(cluster, ["n1", "n2", "n3"])
+    manager = cluster.manager
+    manager.scale("imagenet", "A", ["n2"], [])
+    for node in ("n1", "n2"):
+        beat(cluster, node, fills=fill_done("imagenet", "A", "A-1"))
+    cluster.tick()
+    assert cluster.dataset_status("imagenet")["copies"][0]["fill"] is None
+
+    def kept() -> dict[str, set]:
+        return {node: set(reports) for node, reports in manager._fill_reports.items() if reports}
+
+    assert kept() == {}
+    beat(cluster, "n2", fills=fill_done("imagenet", "A", "A-1"))  # late: sent before the view
+    beat(cluster, "n1", fills=fill_done("coco", "A", "A-1"))  # no such dataset (or fill)
+    assert kept() == {}
+
+    manager.scale("imagenet", "A", ["n3"], [])
+    beat(cluster, "n3", fills={"imagenet": {"copy": "A", "id": "A-2", "done": False}})
+    assert kept() == {"n3": {("imagenet", "A", "A-2")}}
+    clock.advance(DOWN_AFTER_S + 1)  # n3 stops heartbeating: it is down
+    beat_all(cluster, ["n1", "n2"])
+    cluster.tick()
+    assert kept() == {}
+
+
 def test_a_job_does_not_list_a_node_that_is_down(cluster: Cluster, clock: FakeClock) -> None:
     """n2 dies (no more heartbeats) just before j1's release promotes j2 onto n1 and n2: once
     n2 counts as down, j2 lists it under ``down_nodes``, not ``nodes``; back up, it is listed
