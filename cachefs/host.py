@@ -90,25 +90,27 @@ def mounts_at(path: str) -> list[MountEntry]:
     return [entry for entry in mounts() if entry.path == path]
 
 
-# How many symlinks resolve_without_entering follows, as the kernel's own limit (SYMLOOP_MAX).
+def resolve_without_entering(path: str) -> str:
+    """``path`` made absolute with its parent's symlinks resolved, without a stat of ``path``
+    itself: on a FUSE mount whose server is stopped, that stat would never return."""
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    return os.path.join(os.path.realpath(parent), name) if name else path
+
+
+# How many symlinks resolve_mountpoint follows, as the kernel's own limit (SYMLOOP_MAX).
 _MAX_SYMLINKS = 40
 
 
-def resolve_without_entering(path: str) -> str:
-    """``path`` made absolute with every symlink resolved (its parents' and its own), the way
-    the kernel lists a mount made on it, without entering a mount on ``path``: on a FUSE mount
-    whose server is stopped, a stat of it would never return (or fail with ENOTCONN).
+def resolve_mountpoint(path: str) -> str:
+    """``path`` with every symlink resolved, its own too, the way the kernel lists a mount made
+    through it, without entering a mount on ``path`` (see :func:`resolve_without_entering`).
 
     A path listed in mountinfo is a mount point and is returned as it is. Any other path is
     not a mount point, so an lstat() of it never reaches a FUSE server: a symlink is followed
     (readlink), and its target looked up in mountinfo again."""
-    path = os.path.abspath(path)
+    path = resolve_without_entering(path)
     for _ in range(_MAX_SYMLINKS):
-        parent, name = os.path.split(path)
-        if not name:
-            return path  # "/"
-        parent = os.path.realpath(parent)
-        path = os.path.join(parent, name)
         if mounts_at(path):
             return path
         try:
@@ -117,7 +119,7 @@ def resolve_without_entering(path: str) -> str:
             target = os.readlink(path)
         except OSError:  # gone meanwhile: what it names is as good as anything
             return path
-        path = os.path.normpath(os.path.join(parent, target))
+        path = resolve_without_entering(os.path.join(os.path.dirname(path), target))
     raise ConfigError(f"{path}: more than {_MAX_SYMLINKS} symlinks to follow")
 
 

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 import trio
 
 from cachefs.errors import ConfigError
-from cachefs.host import MountEntry, mounts, mounts_at, resolve_without_entering
+from cachefs.host import MountEntry, mounts, mounts_at, resolve_mountpoint
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ async def prepare_mountpoint(mountpoint: str, state_dir: str) -> str:
     that is served or another kind of mount, create the directory, refuse it non-empty.
     Returns the resolved path. Raises ConfigError (one line). Call with the state directory's
     lock held."""
-    path = resolve_without_entering(mountpoint)
+    path = resolve_mountpoint(mountpoint)
     recorded = _recorded_mount(state_dir)
     for _ in range(_MAX_STACKED):
         entry = _visible_mount(path)

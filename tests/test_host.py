@@ -17,6 +17,7 @@ from cachefs.host import (
     memory_limit,
     mounts,
     mounts_at,
+    resolve_mountpoint,
     resolve_without_entering,
     warn_if_short,
 )
@@ -49,19 +50,24 @@ def test_resolve_without_entering_resolves_only_the_parent(tmp_path):
     assert resolve_without_entering(str(tmp_path / "link" / "mnt")) == str(
         tmp_path / "real" / "mnt"
     )
+    (tmp_path / "real" / "mnt").symlink_to(tmp_path)
+    assert resolve_without_entering(str(tmp_path / "link" / "mnt")) == str(
+        tmp_path / "real" / "mnt"
+    )  # its own symlink is left: the CSI plugin refuses a target that is one
+    assert resolve_mountpoint(str(tmp_path / "link" / "mnt")) == str(tmp_path)
 
 
-def test_resolve_without_entering_follows_a_symlink_to_a_mount_point(tmpfs, tmp_path):
+def test_resolve_mountpoint_follows_a_symlink_to_a_mount_point(tmpfs, tmp_path):
     """The kernel lists a mount made through a symlink under the symlink's target: resolved
     the same way (relative and chained links too), the path is found in mountinfo."""
     (tmp_path / "to-mount").symlink_to(tmpfs)
     (tmp_path / "relative").symlink_to("to-mount")
     for link in ("to-mount", "relative"):
-        resolved = resolve_without_entering(str(tmp_path / link))
+        resolved = resolve_mountpoint(str(tmp_path / link))
         assert resolved == tmpfs and len(mounts_at(resolved)) == 1
     (tmp_path / "loop").symlink_to("loop")
     with pytest.raises(ConfigError, match="symlinks to follow"):
-        resolve_without_entering(str(tmp_path / "loop"))
+        resolve_mountpoint(str(tmp_path / "loop"))
 
 
 def test_a_tier_larger_than_its_filesystem_is_refused(tmpfs):
