@@ -1,32 +1,40 @@
 """The Grafana dashboard (k8s/components/monitoring/cachefs-dashboard.json): a valid dashboard
-that imports anywhere, whose every PromQL expression is valid PromQL and reads only metrics
-(and labels) that a real worker and a real coordinator export.
+that imports anywhere, whose every PromQL expression is valid PromQL, reads only metrics (and
+labels) that a real worker and a real coordinator export, and gets series from a real
+Prometheus scraping them.
 
 What is exported is scraped, not listed: a two-node cluster (`cachefs coordinator` and two
 `cachefs worker` processes, tests/cluster_process.py) serves a file:// dataset that is
 preloaded and read through a mount (blocks of the other node's shards come over the peer
-protocol), with a job registered; the workers' /metrics are read through their control
-sockets, the coordinator's over HTTP. A family without samples still has its `# TYPE` line
-(prometheus_client writes one for every family a collector yields), so its name is known
-even if this run gave it no series. Expressions are parsed by Prometheus itself (`promtool
-check rules`, the parser of the Prometheus release scripts/setup.sh installs); the metric and
-label names they read come from the small tokenizer below, whose own tests sit beside it.
-Doctored copies of the dashboard show that each check fails when it should.
+protocol), with a job registered and a second dataset freed by a ttl cleanup; the workers'
+/metrics are read through their control sockets, the coordinator's over HTTP. A family
+without samples still has its `# TYPE` line (prometheus_client writes one for every family a
+collector yields), so its name is known even without series; a test makes sure every family
+the dashboard reads had samples, so that its labels are checked too. The metric and label
+names an expression reads come from the small tokenizer below (tested beside it); syntax is
+Prometheus's own (`promtool check rules`). Then Debian's Prometheus (scripts/setup.sh installs
+it) scrapes the same cluster (workers labelled with their node, as the worker ServiceMonitor
+does) and evaluates every panel's expression as Grafana sends it with "All" chosen. Doctored
+copies of the dashboard, and probes sent to that Prometheus, show each check failing when it
+should.
 
-Only a live Grafana shows the panels drawn; only a live Prometheus scraping the cluster shows
-their numbers.
+Only a live Grafana shows the panels drawn (the JSON's structure is checked here, not its
+rendering), and only a live cluster shows the Prometheus Operator's relabelling at work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import itertools
 import json
+import math
 import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -35,6 +43,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster_process import Cluster, read_all
+from tests.fakes.moto import free_port
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -306,19 +315,40 @@ def metric_problems(dashboard: dict, series: dict, scrape: set[str]) -> list[str
     return problems
 
 
+# Sent to the live Prometheus beside the dashboard's: a tier no series has, and bad syntax.
+EMPTY_PROBE = 'cachefs_block_hits_total{tier="floppy"}'
+BROKEN_PROBE = "sum(rate(cachefs_block_hits_total[1m])"
+
+
+@dataclass
+class LiveCluster:
+    texts: list[str]  # the /metrics of the two workers and of the coordinator
+    # a dashboard expression -> the series Prometheus answered, or why it refused it
+    answers: dict[str, list[dict] | str]
+    probes: dict[str, list[dict] | str]  # the same for expressions that must fail
+
+
 @pytest.fixture(scope="module")
-def scraped(tmp_path_factory) -> list[str]:
-    """The /metrics of a real coordinator and of two real workers after preloads, reads
-    through a mount (byte-exact, some blocks from the other node), a failed lookup, a job,
-    and a ttl cleanup that freed a second dataset's copy."""
+def live(tmp_path_factory) -> LiveCluster:
+    """A real coordinator and two real workers after preloads, reads through a mount
+    (byte-exact, some blocks from the other node), a failed lookup, a job, and a ttl cleanup
+    that freed a second dataset's copy: their /metrics, and what a real Prometheus scraping
+    them answers to every dashboard expression."""
     base = tmp_path_factory.mktemp("dashboard")
     source = base / "source"
     files = {f"train/{index:02d}.bin": os.urandom((1 << 20) + index) for index in range(8)}
     for path, data in files.items():
         (source / path).parent.mkdir(parents=True, exist_ok=True)
         (source / path).write_bytes(data)
-    cluster = Cluster(str(base / "cluster"), 2).start()
+    cluster = Cluster(str(base / "cluster"), 2)
+    targets = {}
+    for worker in cluster.workers:  # /metrics on TCP too, for Prometheus (the last flag wins)
+        host = worker.address.rsplit(":", 1)[0]
+        targets[worker.node] = f"{host}:{free_port(host)}"
+        worker.args += ["--metrics", targets[worker.node]]
+    prometheus = None
     try:
+        cluster.start()
         cluster.add_dataset("ds", f"file://{source}")
         cluster.add_dataset("old", f"file://{source}", cleanup="ttl:1s")
         assert cluster.preload("ds")["state"] == "completed"
@@ -331,9 +361,118 @@ def scraped(tmp_path_factory) -> list[str]:
             os.stat(reader.path("ds", "missing"))
         texts = [worker.client.metrics() for worker in cluster.workers]
         texts.append(httpx.get(f"{cluster.coordinator.url}/metrics", timeout=30).text)
+        coordinator = cluster.coordinator.url.removeprefix("http://")
+        prometheus = PrometheusProcess(base / "prometheus", targets, coordinator).start()
+        dashboard = json.loads(builder.DASHBOARD_JSON.read_text())
+        answers = prometheus.answers([expr for _, expr in panel_targets(dashboard)])
+        probes = {}
+        for probe in (EMPTY_PROBE, BROKEN_PROBE):
+            try:
+                probes[probe] = prometheus.query(probe)
+            except PromQLRefused as refused:
+                probes[probe] = str(refused)
     finally:
+        if prometheus is not None:
+            prometheus.stop()
         cluster.cleanup()
-    return texts
+    return LiveCluster(texts, answers, probes)
+
+
+class PromQLRefused(RuntimeError):
+    pass
+
+
+class PrometheusProcess:
+    """A real Prometheus (Debian's, scripts/setup.sh installs it) scraping the workers every
+    second, each target labelled with its node as the worker ServiceMonitor does, and the
+    coordinator."""
+
+    def __init__(self, base: Path, workers: dict[str, str], coordinator: str):
+        self.base = base
+        self.address = f"127.0.0.1:{free_port()}"
+        scrape = {"scrape_interval": "1s", "scrape_timeout": "1s"}
+        self.config = {
+            "global": scrape,
+            "scrape_configs": [
+                {
+                    "job_name": "cachefs-worker",
+                    "static_configs": [
+                        {"targets": [target], "labels": {"node": node}}
+                        for node, target in workers.items()
+                    ],
+                },
+                {"job_name": "cachefs-coordinator", "static_configs": [{"targets": [coordinator]}]},
+            ],
+        }
+        self.targets = len(workers) + 1
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> PrometheusProcess:
+        binary = shutil.which("prometheus")
+        assert binary, "prometheus is missing: apt-get install prometheus (scripts/setup.sh does)"
+        self.base.mkdir(parents=True)
+        config = self.base / "prometheus.yml"
+        config.write_text(yaml.safe_dump(self.config))
+        log = open(self.base / "prometheus.log", "wb")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={self.base / 'data'}",
+             f"--web.listen-address={self.address}"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        log.close()
+        wait_for(self._ready, "prometheus ready")
+        # Every target scraped successfully twice at least (a rate needs two samples): until then
+        # an answer could hold some nodes' series and not the others'.
+        scraped_twice = 'sum_over_time(up{job=~"cachefs-.*"}[1m]) >= 2'
+        wait_for(lambda: len(self.query(scraped_twice)) == self.targets, "two scrapes of each")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc.poll() is None, (self.base / "prometheus.log").read_text()[-3000:]
+        return httpx.get(f"http://{self.address}/-/ready", timeout=5).status_code == 200
+
+    def query(self, expr: str) -> list[dict]:
+        """The instant vector ``expr`` gives now (Grafana's variables as "All" sends them)."""
+        answer = httpx.get(
+            f"http://{self.address}/api/v1/query",
+            params={"query": grafana_to_promql(expr)},
+            timeout=30,
+        ).json()
+        if answer["status"] != "success":
+            raise PromQLRefused(f"{answer['errorType']}: {answer['error']}")
+        return answer["data"]["result"]
+
+    def answers(self, expressions: list[str]) -> dict[str, list[dict] | str]:
+        """Each expression's series, once every one has some (rates need two scrapes of a
+        counter), or as they stand after the suite's bound on waits; a refusal's message."""
+        answers: dict[str, list[dict] | str] = {}
+
+        def every_panel_has_series() -> bool:
+            for expr in expressions:
+                if not answers.get(expr):
+                    try:
+                        answers[expr] = self.query(expr)
+                    except PromQLRefused as refused:
+                        answers[expr] = str(refused)
+            return all(answers.values())
+
+        with contextlib.suppress(AssertionError):
+            wait_for(every_panel_has_series, "series for every dashboard expression")
+        return answers
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def scraped(live) -> list[str]:
+    return live.texts
 
 
 @pytest.fixture(scope="module")
@@ -362,6 +501,42 @@ def test_every_family_the_dashboard_reads_had_samples(dashboard, scraped):
     series = exported_series(scraped)
     read = set().union(*(promql_metric_names(expr) for _, expr in panel_targets(dashboard)))
     assert {name for name in read if series.get(name) is None} == set()
+
+
+def test_a_real_prometheus_answers_every_panel_with_series(dashboard, live):
+    """Every expression, sent as Grafana sends it with "All" chosen, evaluates on Prometheus's
+    own engine to at least one series over what it scraped from the cluster."""
+    empty = [
+        f"{where}: {live.answers[expr] or 'no series'}"
+        for where, expr in panel_targets(dashboard)
+        if isinstance(live.answers[expr], str) or not live.answers[expr]
+    ]
+    assert empty == []
+    # What the check above looks for does happen: a query can come back empty, or refused.
+    assert live.probes[EMPTY_PROBE] == []
+    assert "parse error" in live.probes[BROKEN_PROBE]
+
+
+def values(live: LiveCluster, dashboard: dict, title: str) -> list[float]:
+    """The values Prometheus gave the queries of the panel titled ``title``."""
+    (panel,) = [p for p in dashboard["panels"] if p["title"] == title and p["type"] != "row"]
+    return [
+        float(series["value"][1]) for t in panel["targets"] for series in live.answers[t["expr"]]
+    ]
+
+
+def test_the_panels_show_what_the_cluster_did(dashboard, live):
+    assert values(live, dashboard, "Nodes up") == [2]
+    assert values(live, dashboard, "Nodes down") == [0]
+    assert values(live, dashboard, "Jobs suspended") == [0]
+    assert sum(values(live, dashboard, "Jobs by state")) == 1  # train-1, running
+    assert values(live, dashboard, "Preload progress") == [1.0, 1.0]  # ds and old, completed
+    capacity = sum(values(live, dashboard, "Tier usage vs capacity"))
+    assert capacity >= 2 * (256 << 20)  # two RAM tiers of 256 MiB, plus what they hold
+    for panel in dashboard["panels"]:  # shares stay shares
+        if panel.get("fieldConfig", {}).get("defaults", {}).get("unit") == "percentunit":
+            for value in values(live, dashboard, panel["title"]):
+                assert math.isnan(value) or 0 <= value <= 1, (panel["title"], value)
 
 
 def test_the_metric_check_catches(dashboard, scraped, rendered):
@@ -461,7 +636,7 @@ def check_dashboard(dashboard: dict) -> None:
     reference = {"type": "prometheus", "uid": "${datasource}"}
     for where, value in _datasources(dashboard):
         assert value == reference, f"{where}: datasource {value}, not the variable"
-    ids, cells = set(), {}
+    ids, titles, cells = set(), set(), {}
     for panel in dashboard["panels"]:
         where = f"panel {panel.get('id')} {panel.get('title')!r}"
         assert isinstance(panel["id"], int) and panel["id"] not in ids, f"{where}: id"
@@ -477,6 +652,8 @@ def check_dashboard(dashboard: dict) -> None:
                 cells[(x, y)] = where
         if panel["type"] == "row":
             continue
+        assert panel["title"] not in titles, f"{where}: a second panel of that title"
+        titles.add(panel["title"])
         targets = panel["targets"]
         assert targets, f"{where}: no query"
         assert len({t["refId"] for t in targets}) == len(targets), f"{where}: refIds"

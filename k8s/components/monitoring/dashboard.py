@@ -437,7 +437,7 @@ def panels() -> list[dict]:
         unit="short",
     )  # fmt: skip
     d.timeseries(
-        "Nodes up",
+        "Node liveness",
         "1 while the coordinator hears a node's heartbeats.",
         [target('cachefs_node_up{node=~"$node"}', "{{node}}")],
         unit="short", defaults={"max": 1},
