@@ -58,7 +58,7 @@ from cachefs.csi.mounts import (
 )
 from cachefs.csi.proto import csi_pb2, csi_pb2_grpc
 from cachefs.errors import ConfigError
-from cachefs.host import MountEntry, resolve_without_entering
+from cachefs.host import MountEntry, resolve_mountpoint, resolve_without_entering
 from cachefs.protocol import check_dataset_name
 
 log = logging.getLogger(__name__)
@@ -266,7 +266,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 f"dataset {dataset} is not ready on the cachefs worker of node {self.node}: "
                 f"{served[dataset].get('error') or served[dataset].get('state')}",
             )
-        fuse = visible_mount(resolve_without_entering(mount))
+        fuse = visible_mount(resolve_mountpoint(mount))  # a worker's --mount may be a symlink
         if fuse is None or fuse.fstype != FUSE_TYPE:
             raise VolumeError(
                 grpc.StatusCode.FAILED_PRECONDITION,
