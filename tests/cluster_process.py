@@ -17,7 +17,7 @@ import httpx
 from cachefs.client import CoordinatorClient
 from tests.fakes.moto import free_port
 from tests.waiting import WAIT_S, wait_for
-from tests.worker_process import REPO_ROOT, WorkerProcess, log_tail
+from tests.worker_process import GENEROUS_STORE_BUDGET, REPO_ROOT, WorkerProcess, log_tail
 
 TOKEN = "test-token-0123456789"
 HEARTBEAT = "0.3s"
@@ -166,7 +166,9 @@ class Cluster:
         return self.coordinator.client
 
     def add_dataset(self, name: str, uri: str, **options) -> dict:
-        result = self.client.add_dataset({"name": name, "uri": uri, **options})
+        result = self.client.add_dataset(
+            {"name": name, "uri": uri, **GENEROUS_STORE_BUDGET, **options}
+        )
         for worker in self.workers:
             if worker.proc is not None:
                 wait_for(lambda w=worker: os.path.isdir(w.path(name)), f"{name} on {worker.node}")

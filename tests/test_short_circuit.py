@@ -34,9 +34,7 @@ def make_objects(seed: int = 11) -> dict[str, bytes]:
 
 @pytest.fixture
 def world(moto_s3, fault_proxy, tmp_path):
-    world = start_s3_world(
-        moto_s3, fault_proxy, str(tmp_path), make_objects(), block_size=BLOCK, timeout_s=5
-    )
+    world = start_s3_world(moto_s3, fault_proxy, str(tmp_path), make_objects(), block_size=BLOCK)
     world.reader = ShortCircuitReader("ds", state_dir=world.worker.state)
     yield world
     world.reader.close()
@@ -269,9 +267,7 @@ def test_cluster_prefetch_goes_through_the_owner_and_caches_each_block_once(
         moto_s3.put(bucket, f"ds/{key}", data)
     cluster = Cluster(str(tmp_path / "cluster"), 2).start()
     try:
-        cluster.add_dataset(
-            "ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=5
-        )
+        cluster.add_dataset("ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK)
         hinting = cluster.workers[0]
         fault_proxy.reset_counts()
         hinting.client.prefetch("ds", sorted(objects))

@@ -69,9 +69,7 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_kill9_of_cachefs_up_then_plain_restart_serves_warm(moto_s3, fault_proxy, tmp_path):
-    world = start_s3_world(
-        moto_s3, fault_proxy, str(tmp_path), _files(), block_size=BLOCK, timeout_s=10
-    )
+    world = start_s3_world(moto_s3, fault_proxy, str(tmp_path), _files(), block_size=BLOCK)
     worker = world.worker
     try:
         assert read_all(worker.mount, world.objects) == []  # cached now
@@ -114,9 +112,7 @@ def test_kill9_then_plain_restart_through_a_symlinked_mount_serves_warm(
     assert worker.mount == str(real)
     try:
         worker.start()
-        worker.add_dataset(
-            "ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=10
-        )
+        worker.add_dataset("ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK)
         assert read_all(worker.mount, files) == []  # cached now
         with open(os.path.join(worker.state, MOUNT_RECORD)) as f:
             assert json.load(f)["path"] == str(real)
@@ -143,9 +139,7 @@ def test_kill9_of_a_cluster_worker_then_plain_restart_serves_warm(moto_s3, fault
         moto_s3.put(bucket, f"ds/{key}", data)
     cluster = Cluster(str(tmp_path / "cluster"), 1, env=moto_s3.env).start()
     try:
-        cluster.add_dataset(
-            "ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=10
-        )
+        cluster.add_dataset("ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK)
         assert cluster.preload("ds")["state"] == "completed"
         worker = cluster.workers[0]
         worker.crash()
@@ -399,9 +393,7 @@ def test_ctrl_c_on_a_cluster_worker_stops_it_and_its_fetchers_quietly(moto_s3, t
     worker.own_process_group = True  # as a terminal's foreground job
     try:
         cluster.start()
-        cluster.add_dataset(
-            "ds", f"s3://{bucket}/ds", endpoint=moto_s3.endpoint, block_size=BLOCK, timeout_s=10
-        )
+        cluster.add_dataset("ds", f"s3://{bucket}/ds", endpoint=moto_s3.endpoint, block_size=BLOCK)
         assert cluster.preload("ds")["state"] == "completed"  # through the fetcher processes
         group = _process_group(worker.proc.pid)
         assert len(group) > 1, group  # the worker and the processes it started

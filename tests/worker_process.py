@@ -157,13 +157,23 @@ class WorkerProcess:
         return os.path.join(self.mount, *parts)
 
     def add_dataset(self, name: str, uri: str, **options) -> dict:
-        return self.client.add_dataset({"name": name, "uri": uri, **options})
+        return self.client.add_dataset(
+            {"name": name, "uri": uri, **GENEROUS_STORE_BUDGET, **options}
+        )
 
     def status(self) -> dict:
         return self.client.status()
 
     def dataset_status(self, name: str) -> dict:
         return next(d for d in self.status()["datasets"] if d["name"] == name)
+
+
+#: The store budget of the tests' datasets unless a test needs a quick failure (then it
+#: passes its own ``timeout_s``/``first_byte_timeout_s``). A request's ``timeout_s`` covers
+#: all its tries, and a try silent for half its first-byte timeout gets a hedge (a second
+#: GET): on a loaded machine, small numbers would turn tests that read successfully, or count
+#: the store's GETs exactly, into flaky ones. Here a hedge comes after 30 s of silence.
+GENEROUS_STORE_BUDGET = {"timeout_s": 120.0, "first_byte_timeout_s": 60.0}
 
 
 def start_s3_world(
@@ -174,11 +184,12 @@ def start_s3_world(
     *,
     name: str = "ds",
     block_size: int,
-    timeout_s: float,
+    **store_budget: float,
 ) -> SimpleNamespace:
     """A worker in ``directory`` serving ``objects`` as dataset ``name``, from a new moto
     bucket reached through the fault proxy (which counts and breaks the store's requests).
-    The caller cleans up ``world.worker``."""
+    ``store_budget`` (``timeout_s``, ``first_byte_timeout_s``) overrides
+    :data:`GENEROUS_STORE_BUDGET`. The caller cleans up ``world.worker``."""
     bucket = f"cachefs-{uuid.uuid4().hex[:12]}"
     moto_s3.make_bucket(bucket)
     for key, data in objects.items():
@@ -190,7 +201,7 @@ def start_s3_world(
             f"s3://{bucket}/{name}",
             endpoint=fault_proxy.url,
             block_size=block_size,
-            timeout_s=timeout_s,
+            **store_budget,
         )
     except BaseException:
         worker.cleanup()

@@ -61,7 +61,6 @@ def add(cluster: Cluster, bucket, fault_proxy, prefix: str = "ds", **policy) -> 
         f"s3://{bucket_name}/{prefix}",
         endpoint=fault_proxy.url,
         block_size=BLOCK,
-        timeout_s=5,
         **policy,
     )
     return datasets[prefix]

@@ -57,9 +57,7 @@ def cluster(tmp_path, request):
 
 def add(cluster: Cluster, bucket, fault_proxy, name: str = "ds") -> dict[str, bytes]:
     bucket_name, files = bucket
-    cluster.add_dataset(
-        name, f"s3://{bucket_name}/ds", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=5
-    )
+    cluster.add_dataset(name, f"s3://{bucket_name}/ds", endpoint=fault_proxy.url, block_size=BLOCK)
     return files
 
 

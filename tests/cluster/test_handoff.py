@@ -22,7 +22,7 @@ import pytest
 
 from tests.cluster_process import Cluster, read_all, total_bytes, wait_for
 from tests.waiting import WAIT_S
-from tests.worker_process import drop_page_cache
+from tests.worker_process import GENEROUS_STORE_BUDGET, drop_page_cache
 
 BLOCK = 256 << 10
 DATASETS = ("a", "b")
@@ -73,9 +73,12 @@ def cachefs(cluster: Cluster, *args: str) -> subprocess.CompletedProcess:
 
 
 def add_dataset(cluster: Cluster, bucket_name: str, fault_proxy, name: str, *options: str) -> None:
+    """Through the CLI, with the tests' generous store budget (no hedge to spoil GET counts)."""
     cachefs(
         cluster, "dataset", "add", name, f"s3://{bucket_name}/{name}", "--endpoint",
-        fault_proxy.url, "--block-size", str(BLOCK), *options,
+        fault_proxy.url, "--block-size", str(BLOCK),
+        "--timeout", f"{GENEROUS_STORE_BUDGET['timeout_s']:g}s",
+        "--first-byte-timeout", f"{GENEROUS_STORE_BUDGET['first_byte_timeout_s']:g}s", *options,
     )  # fmt: skip
 
 
@@ -193,7 +196,7 @@ def test_preload_right_after_dataset_add_completes_on_three_workers(cluster, buc
     fault_proxy.blackhole(method="GET")  # no answer until cleared (then the client retries)
     cluster.client.add_dataset(
         {"name": "b", "uri": f"s3://{bucket_name}/b", "endpoint": fault_proxy.url,
-         "block_size": BLOCK}
+         "block_size": BLOCK, **GENEROUS_STORE_BUDGET}
     )  # fmt: skip
     env = {**cluster.coordinator.env, "CACHEFS_COORDINATOR": cluster.coordinator.url}
     preload = subprocess.Popen(

@@ -49,7 +49,7 @@ def under(files: dict[str, bytes], prefix: str) -> dict[str, bytes]:
 @pytest.fixture
 def world(tmp_path, moto_s3, fault_proxy):
     world = start_s3_world(
-        moto_s3, fault_proxy, str(tmp_path / "w"), _dataset_files(), block_size=BLOCK, timeout_s=5
+        moto_s3, fault_proxy, str(tmp_path / "w"), _dataset_files(), block_size=BLOCK
     )
     try:
         yield world

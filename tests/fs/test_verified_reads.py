@@ -49,9 +49,7 @@ def world(request, moto_s3, fault_proxy, tmp_path):
     options = {"ram": "0", "ssd": f"{ssd_dir}:64MiB"} if tier == "ssd" else {}
     worker = WorkerProcess(str(tmp_path / "worker"), env=moto_s3.env, **options).start()
     try:
-        worker.add_dataset(
-            "ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK, timeout_s=10
-        )
+        worker.add_dataset("ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK)
         yield worker, fault_proxy, data, worker.ram_dir if tier == "ram" else ssd_dir
     finally:
         worker.cleanup()

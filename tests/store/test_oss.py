@@ -27,7 +27,11 @@ from cachefs.store.oss import OSSStore
 from tests.fakes.fault_proxy import FaultProxy
 from tests.fakes.moto import free_port
 
-FAST_RETRY = RetryPolicy(attempts=4, base_delay_s=0.01, max_delay_s=0.05, deadline_s=30.0)
+# Quick backoffs, but a generous budget and first-byte timeout: no hedge (after 30 s of
+# silence) can add a GET to the exact counts below on a loaded machine.
+FAST_RETRY = RetryPolicy(
+    attempts=4, base_delay_s=0.01, max_delay_s=0.05, deadline_s=120.0, first_byte_timeout_s=60.0
+)
 DATA = bytes(range(256)) * 40
 
 

@@ -26,7 +26,11 @@ from cachefs.store.s3 import S3Store
 from tests.fakes.moto import free_port
 
 # Quick retries so that the retry tests take milliseconds, and a deadline far beyond them.
-FAST_RETRY = RetryPolicy(attempts=4, base_delay_s=0.01, max_delay_s=0.05, deadline_s=30.0)
+# Quick backoffs, but a generous budget and first-byte timeout: no hedge (after 30 s of
+# silence) can add a GET to the exact counts below on a loaded machine.
+FAST_RETRY = RetryPolicy(
+    attempts=4, base_delay_s=0.01, max_delay_s=0.05, deadline_s=120.0, first_byte_timeout_s=60.0
+)
 BIG_OBJECT = bytes(range(256)) * 1031  # 263,936 bytes, every offset distinguishable-ish
 
 
@@ -178,8 +182,15 @@ def test_listing_pages_are_retried_individually(fault_proxy, moto_s3):
 
 
 def test_503_forever_gives_up_at_the_deadline_with_store_unavailable(fault_proxy, bucket):
-    # Many attempts allowed, but a short deadline: the deadline must be what stops it.
-    retry = RetryPolicy(attempts=1000, base_delay_s=0.05, max_delay_s=0.1, deadline_s=2.0)
+    # Many attempts allowed, but a short deadline: the deadline must be what stops it. (Seconds
+    # for a loaded machine to make two tries; a try is hedged only if silent for 5 s.)
+    retry = RetryPolicy(
+        attempts=1000,
+        base_delay_s=0.05,
+        max_delay_s=0.1,
+        deadline_s=10.0,
+        first_byte_timeout_s=60.0,
+    )
     store = make_store(fault_proxy.url, f"s3://{bucket}/data", retry=retry)
     fault_proxy.fail_matching("small.txt", status=503, code="ServiceUnavailable")
 

@@ -51,7 +51,6 @@ def start_world(moto_s3, fault_proxy, tmp_path):
             objects,
             name=name,
             block_size=BLOCK,
-            timeout_s=5,
         )
         started.append(world.worker)
         return world
