@@ -1,5 +1,5 @@
 """What verifying every byte served costs: CPU per GB of chunk verification, and the share of one
-core that takes at a given read rate (the issue's budget: a few % of a core at 2 GB/s).
+core that takes at a given read rate (the budget: a few % of a core at 2 GB/s).
 
     .venv/bin/python -m bench.checksum_cost                      # prints JSON, then a table
     .venv/bin/python -m bench.checksum_cost --out bench/results/checksum/<date>

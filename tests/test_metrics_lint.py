@@ -43,7 +43,8 @@ def labels_of(text: str) -> set[str]:
 
 
 def test_promtool_finds_what_it_should() -> None:
-    """The linter is really run: the coordinator's old family fails it, as in the issue."""
+    """The linter is really run: a family named like the coordinator's old one (a counter
+    with a _count suffix) fails it."""
     old = (
         "# HELP cachefs_preload_failed_count Preload job failed_count\n"
         "# TYPE cachefs_preload_failed_count gauge\n"

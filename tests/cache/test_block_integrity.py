@@ -2,8 +2,9 @@
 allocates.
 
 Real parts: LMDB, a RAM tier on real tmpfs (/dev/shm) and an SSD tier on the disk filesystem of
-tmp_path. Blocks are damaged the way the issue found them: changed in place on disk after they
-were admitted and read (the same inode, so a descriptor the cache keeps open sees the change).
+tmp_path. Blocks are damaged as a faulty disk or a stray writer would: changed in place on disk
+after they were admitted and read (the same inode, so a descriptor the cache keeps open sees
+the change).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ each, on 127.0.0.2-4), driven with the `cachefs` CLI a user runs, over a real S3
 (moto) behind the fault proxy, which counts every GET the workers send to the store. Every
 read is compared byte for byte with what was uploaded.
 
-What these guard (issue 15, items 3 and 4):
+What these guard:
 - fill ids are numbered per dataset ("A-1" for the first scale of every dataset): a node that
   ran one dataset's "A-1" must still run the next dataset's, and the old owner must not drop
   what the new owner never copied;
