@@ -36,7 +36,7 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")  # the venv's CLI
 MAX_EXAMPLES = 25  # per operation, each round of the fuzzing phase
 # The whole run's budget: the fuzzing and stateful phases repeat until it is spent, so the test
 # takes about this long on any machine (a loaded one covers less).
-MAX_TIME_S = 90
+MAX_TIME_S = 300
 SEED = 15  # a failure can be replayed (the report prints `st replay` commands)
 NO_TOKEN_EXAMPLES = 3
 LIVE_NODES = ("n1", "n2", "n3")
