@@ -53,7 +53,7 @@ class Terminal:
             stderr=slave,
             env={**env, "TERM": "xterm-256color"},
             start_new_session=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+            preexec_fn=_controlling_terminal_and_default_ctrl_c,
         )
         os.close(slave)
         self._master = master
@@ -116,6 +116,14 @@ class Terminal:
             self.proc.wait(timeout=WAIT_S)
         self._reader.join(timeout=WAIT_S)
         os.close(self._master)
+
+
+def _controlling_terminal_and_default_ctrl_c() -> None:
+    """In the child: the pty becomes its controlling terminal, and Ctrl-C its default action.
+    A test run started in the background (`… &` in a script, as CI may) ignores SIGINT, and
+    children inherit that: Python would then never raise KeyboardInterrupt."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def cachefs_argv(*args: str) -> list[str]:
@@ -342,6 +350,7 @@ def test_once_json_matches_the_status_and_lines_follow_the_reads(worker, source)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # see above
     )
     stop_reading = threading.Event()
 
