@@ -130,7 +130,33 @@ def _sent(request_kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"body": request_kwargs.get("json"), "query": request_kwargs.get("params")}
 
 
-class ControlClient:
+class PreloadCalls:
+    """The preload routes, the same on a worker's control socket (single node) and on the
+    coordinator (a cluster), so the CLI drives either client. Needs ``_request``."""
+
+    def preload(
+        self,
+        dataset: str,
+        *,
+        paths: list[str] | None = None,
+        fraction: float | None = None,
+        nbytes: int | None = None,
+        at: float | None = None,
+    ) -> dict:
+        body = {"paths": paths or [], "fraction": fraction, "bytes": nbytes, "at": at}
+        return self._request("POST", f"/v1/datasets/{dataset}/preload", json=body)
+
+    def preload_status(self, dataset: str) -> dict:
+        return self._request("GET", f"/v1/datasets/{dataset}/preload")
+
+    def resume_preload(self, dataset: str) -> dict:
+        return self._request("POST", f"/v1/datasets/{dataset}/preload/resume")
+
+    def cancel_preload(self, dataset: str) -> dict:
+        return self._request("POST", f"/v1/datasets/{dataset}/preload/cancel")
+
+
+class ControlClient(PreloadCalls):
     def __init__(self, state_dir: str | None = None, *, timeout: float = 600.0):
         self.state_dir = state_dir or default_state_dir()
         self.socket_path = os.path.join(self.state_dir, "worker.sock")
@@ -216,30 +242,6 @@ class ControlClient:
             timeout=timeout or self._http.timeout,
         )
 
-    # Preload on a single node: the same calls and answers as CoordinatorClient's, so the CLI
-    # drives either one.
-
-    def preload(
-        self,
-        dataset: str,
-        *,
-        paths: list[str] | None = None,
-        fraction: float | None = None,
-        nbytes: int | None = None,
-        at: float | None = None,
-    ) -> dict:
-        body = {"paths": paths or [], "fraction": fraction, "bytes": nbytes, "at": at}
-        return self._request("POST", f"/v1/datasets/{dataset}/preload", json=body)
-
-    def preload_status(self, dataset: str) -> dict:
-        return self._request("GET", f"/v1/datasets/{dataset}/preload")
-
-    def resume_preload(self, dataset: str) -> dict:
-        return self._request("POST", f"/v1/datasets/{dataset}/preload/resume")
-
-    def cancel_preload(self, dataset: str) -> dict:
-        return self._request("POST", f"/v1/datasets/{dataset}/preload/cancel")
-
     def shutdown(self) -> None:
         self._request("POST", "/v1/shutdown")
 
@@ -281,7 +283,7 @@ def find_token(token_file: str | None = None, state_dir: str | None = None) -> s
         return None
 
 
-class CoordinatorClient:
+class CoordinatorClient(PreloadCalls):
     """Client of the coordinator's HTTP API (blocking). Errors: :class:`CoordinatorUnavailable`
     when it cannot be reached, :class:`ControlError` (with ``.status``) when it refuses."""
 
@@ -348,27 +350,6 @@ class CoordinatorClient:
 
     def node(self, name: str) -> dict:
         return self._request("GET", f"/v1/nodes/{name}")
-
-    def preload(
-        self,
-        dataset: str,
-        *,
-        paths: list[str] | None = None,
-        fraction: float | None = None,
-        nbytes: int | None = None,
-        at: float | None = None,
-    ) -> dict:
-        body = {"paths": paths or [], "fraction": fraction, "bytes": nbytes, "at": at}
-        return self._request("POST", f"/v1/datasets/{dataset}/preload", json=body)
-
-    def preload_status(self, dataset: str) -> dict:
-        return self._request("GET", f"/v1/datasets/{dataset}/preload")
-
-    def resume_preload(self, dataset: str) -> dict:
-        return self._request("POST", f"/v1/datasets/{dataset}/preload/resume")
-
-    def cancel_preload(self, dataset: str) -> dict:
-        return self._request("POST", f"/v1/datasets/{dataset}/preload/cancel")
 
     def heartbeat(self, node: str, report: dict) -> dict:
         return self._request("POST", f"/v1/nodes/{node}/heartbeat", json=report)
