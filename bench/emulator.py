@@ -629,6 +629,19 @@ def warm_up(data_path: DataPath, samples: Samples, threads: int = 8) -> None:
         list(pool.map(read_one, range(len(samples.keys))))
 
 
+def drop_pages_after_listing(data_path: DataPath) -> None:
+    """List the samples' directory (as a training job lists its dataset before it reads:
+    dentries and attributes cached), then drop the page cache only (``echo 1``): every sample's
+    bytes must come from the data path again, its names need no lookup."""
+    if data_path.kind == "dir":
+        for directory, _dirs, files in os.walk(data_path.location):
+            for name in files:
+                os.stat(os.path.join(directory, name))
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as control:
+        control.write("1\n")
+
+
 def exact_command(argv: Sequence[str]) -> str:
     """How this run was started (the interpreter relative to the working directory when
     inside it, as in the other benchmarks' reports)."""
@@ -655,6 +668,8 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             busy_before = wait_for_quiet_cpu(args.quiet_cpu, args.quiet_wait)
             if args.drop_caches:
                 drop_page_cache()
+            if args.drop_pages:
+                drop_pages_after_listing(data_path)
             if args.warm_up:
                 warm_up(data_path, samples)
             ticks = cpu_ticks()
@@ -719,6 +734,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             "order_seed": args.order_seed,
             "mode": args.mode,
             "drop_caches": args.drop_caches,
+            "drop_pages": args.drop_pages,
             "warm_up": args.warm_up,
         },
         "verification": "every sample's length and xxh3_64 checked against the generator's bytes",
@@ -756,6 +772,11 @@ def render_markdown(results: dict) -> str:
         f"batches per trial; {w['readers']} reader threads; readers up to {w['prefetch']} "
         f"batch(es) ahead; accelerators run as {w['mode']}es"
         + ("; page cache dropped before each trial" if w["drop_caches"] else "")
+        + (
+            "; samples listed, then page cache dropped (dentries kept) before each trial"
+            if w.get("drop_pages")
+            else ""
+        )
         + ("; every sample read once right before each trial" if w.get("warm_up") else ""),
         f"- command: `{results['command']}`",
         "",
@@ -850,6 +871,11 @@ def build_parser() -> argparse.ArgumentParser:
     before_trial = parser.add_mutually_exclusive_group()
     before_trial.add_argument(
         "--drop-caches", action="store_true", help="drop the page cache before each trial (root)"
+    )
+    before_trial.add_argument(
+        "--drop-pages",
+        action="store_true",
+        help="list the samples, then drop the page cache only, keeping dentries (echo 1; root)",
     )
     before_trial.add_argument(
         "--warm-up",

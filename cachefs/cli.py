@@ -92,6 +92,7 @@ def _worker_config(args, **cluster):
         allow_other=args.allow_other,
         permissions=_mount_permissions(args),
         no_open={"auto": None, "on": True, "off": False}[args.fuse_no_open],
+        fast_read={"auto": None, "on": True, "off": False}[args.fuse_fast_read],
         metrics_listen=None if args.metrics == "off" else args.metrics,
         limits=ReadLimits(store_threads=args.store_threads),
         **({"node": args.node} if args.node else {}),
@@ -270,6 +271,15 @@ def cmd_status(args) -> int:
         f"\nreads: {hits} hits ({', '.join(f'{k} {v}' for k, v in reads['hits'].items())}), "
         f"{reads['misses']} misses, hit ratio {_fraction(reads['hit_ratio'])}"
     )
+    fast = status.get("fuse_fast_read")
+    if fast is None:
+        print("native reads: off (every READ is served in Python)")
+    else:
+        print(
+            f"native reads: {fast['reads']} READs answered in C ({format_size(fast['bytes'])}), "
+            f"{fast['fallbacks']} handed to Python; {fast['blocks']} blocks servable; "
+            f"dropped {fast['vanished']} vanished, {fast['corrupt']} corrupt"
+        )
     cache = status["cache"]
     print(
         f"cache: {cache['admitted']} admitted, {cache['refused']} refused, "
@@ -1176,6 +1186,13 @@ def _add_worker_options(up: argparse.ArgumentParser) -> None:
         default="auto",
         help="FUSE no-open mode: the kernel stops sending OPEN/RELEASE and warm reads never "
         "reach Python (auto: on when the patched pyfuse3 of third_party/ is installed)",
+    )
+    up.add_argument(
+        "--fuse-fast-read",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="answer READs of RAM-tier blocks in C, in the patched pyfuse3, without Python "
+        "(auto: on when that pyfuse3 is installed and no-open mode is on)",
     )
     up.add_argument(
         "--metrics",

@@ -94,6 +94,9 @@ class WorkerMetrics:
         self.fuse_errors: dict[str, int] = {}  # errno name -> count
         # READs at offset 0: a file's first bytes asked for through the mount (files/s)
         self.files_read = 0
+        # The native READ path's counters (cachefs_fast_read.h: reads, first_reads, bytes,
+        # fallbacks, vanished, corrupt, blocks, ...); the worker points this at its table.
+        self.native_reads: Callable[[], dict[str, int]] = dict
 
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
         key = (op, outcome)
@@ -107,21 +110,37 @@ class WorkerMetrics:
     def peer_request(self, outcome: str) -> None:
         self.peer_requests[outcome] = self.peer_requests.get(outcome, 0) + 1
 
+    def served_hits(self) -> dict[str, int]:
+        """Block reads served per tier (``hits``) with the native path's READs counted as RAM
+        hits: they read RAM-tier blocks, only not in Python."""
+        hits = dict(self.hits)
+        hits["ram"] += self.native_reads().get("reads", 0)
+        return hits
+
+    def served_bytes(self) -> dict[str, int]:
+        """Bytes returned to readers per source (``bytes_served``), the native path's in "ram"."""
+        served = dict(self.bytes_served)
+        served["ram"] += self.native_reads().get("bytes", 0)
+        return served
+
     def activity(self) -> dict[str, Any]:
         """The counters `cachefs stats` shows (cachefs/stats.py), sampled now and stamped with
         this machine's clock: in the worker's status and in every heartbeat, so the coordinator
         shows them for the whole cluster. Totals since the start only: readers compute rates
         from the deltas between two samples. A counter added here is shown by name; the native
         fast path's reads go in as ``native_reads``."""
+        native = self.native_reads()
         counters = {
-            "files_read": self.files_read,
-            "bytes_read": sum(self.bytes_served.values()),
-            **{f"hits_{tier}": n for tier, n in self.hits.items()},
+            "files_read": self.files_read + native.get("first_reads", 0),
+            "bytes_read": sum(self.served_bytes().values()),
+            **{f"hits_{tier}": n for tier, n in self.served_hits().items()},
             "misses": self.misses,
             "python_reads": self.fuse_latency.get("read").count,  # FUSE READs served here
             "peer_gets": sum(self.peer_requests.values()),
             "store_gets": sum(n for (op, _), n in self.store_requests.items() if op == "get"),
         }
+        if native:  # only while the native path serves (`cachefs stats` shows it then)
+            counters["native_reads"] = native.get("reads", 0)
         return {
             "sampled_at": time.time(),
             "counters": counters,
@@ -136,8 +155,9 @@ class WorkerMetrics:
         """Share of block reads served by a cache tier. Reads served from the small
         read-through buffer ("recent") count as requests but not as hits: they are the tail of a
         block that was just fetched, not the cache working."""
-        tier_hits = self.hits["ram"] + self.hits["ssd"]
-        total = sum(self.hits.values()) + self.misses
+        hits = self.served_hits()
+        tier_hits = hits["ram"] + hits["ssd"]
+        total = sum(hits.values()) + self.misses
         return tier_hits / total if total else None
 
 
@@ -151,7 +171,7 @@ class _WorkerCollector(Collector):
         hits = CounterMetricFamily(
             "cachefs_block_hits", "Block reads served from the cache", labels=["tier"]
         )
-        for tier, n in m.hits.items():
+        for tier, n in m.served_hits().items():
             hits.add_metric([tier], n)
         yield hits
         yield CounterMetricFamily(
@@ -160,7 +180,7 @@ class _WorkerCollector(Collector):
         served = CounterMetricFamily(
             "cachefs_bytes_served", "Bytes returned to readers", labels=["source"]
         )
-        for source, n in m.bytes_served.items():
+        for source, n in m.served_bytes().items():
             served.add_metric([source], n)
         yield served
         yield CounterMetricFamily(
@@ -222,10 +242,39 @@ class _WorkerCollector(Collector):
         for name, n in sorted(m.fuse_errors.items()):
             errors.add_metric([name], n)
         yield errors
+        native = m.native_reads()
         yield CounterMetricFamily(
             "cachefs_fuse_files_read",
             "FUSE READs at offset 0 (a file's first bytes asked for)",
-            value=m.files_read,
+            value=m.files_read + native.get("first_reads", 0),
+        )
+        yield CounterMetricFamily(
+            "cachefs_fuse_fast_reads",
+            "FUSE READs answered natively (in C, from RAM-tier blocks) instead of in Python",
+            value=native.get("reads", 0),
+        )
+        yield CounterMetricFamily(
+            "cachefs_fuse_fast_read_bytes",
+            "Bytes returned by natively answered READs",
+            value=native.get("bytes", 0),
+        )
+        yield CounterMetricFamily(
+            "cachefs_fuse_fast_read_fallbacks",
+            "READs of a natively served file handed to Python (a block not in the table)",
+            value=native.get("fallbacks", 0),
+        )
+        dropped = CounterMetricFamily(
+            "cachefs_fuse_fast_read_dropped",
+            "Blocks the native path dropped from its table on a READ (the READ went to Python)",
+            labels=["reason"],
+        )
+        for reason in ("vanished", "corrupt"):
+            dropped.add_metric([reason], native.get(reason, 0))
+        yield dropped
+        yield GaugeMetricFamily(
+            "cachefs_fuse_fast_read_blocks",
+            "Blocks the native READ path can serve now",
+            value=native.get("blocks", 0),
         )
         yield from self._extra()
 

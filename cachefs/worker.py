@@ -50,6 +50,7 @@ from cachefs.errors import (
 from cachefs.fs import fuse_ops
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
+from cachefs.fs.native_reads import NativeReads
 from cachefs.fs.permissions import MountPermissions
 from cachefs.host import TierRequest, check_tier_sizes, warn_if_short
 from cachefs.meta import BuildResult, Snapshot, build_snapshot
@@ -104,6 +105,9 @@ class WorkerConfig:
     # worker on the machine fail to start.
     metrics_listen: str | None = None
     no_open: bool | None = None  # None: on when the patched pyfuse3 is installed
+    # READs of RAM-tier blocks answered in C by the patched pyfuse3 (cachefs/fs/native_reads.py).
+    # None: on when that pyfuse3 is installed and no-open mode is on.
+    fast_read: bool | None = None
     # Kernel readahead for the mount. FUSE's default (128 KiB) splits every file larger than
     # that into several READ requests; 1 MiB (the largest request libfuse negotiates) lets a
     # typical training sample arrive in one.
@@ -315,6 +319,10 @@ class Worker(WorkerAPI):
             no_open=cfg.no_open,
         )
         self.no_open = ops.no_open
+        table = fuse_ops.native_read_table(cfg.fast_read, ops.no_open)
+        if table is not None:
+            self.fs.native = NativeReads(table, self.cache, self.fs.reader)
+            self.metrics.native_reads = self.fs.native.stats
         try:
             fuse_ops.mount(
                 ops,
@@ -377,6 +385,10 @@ class Worker(WorkerAPI):
                 with trio.CancelScope(shield=True):
                     await self.peers.aclose()
             fuse_ops.unmount()
+            if self.fs.native is not None:
+                self.metrics.native_reads = self.fs.native.stats().copy  # keep the last counts
+                self.fs.native.close()
+                self.fs.native = None
             forget_mount(cfg.state_dir)
             self.mounted = False
             log.info("unmounted %s", cfg.mountpoint)
@@ -705,6 +717,8 @@ class Worker(WorkerAPI):
             await self._invalidate(self.fs.global_ino(dataset, local_ino), None)
         for parent_local, name in result.removed:
             await self._invalidate(self.fs.global_ino(dataset, parent_local), name)
+        for dir_local in result.listings_changed:  # the kernel may keep listings
+            await self._invalidate(self.fs.global_ino(dataset, dir_local), None)
 
     async def _invalidate(self, ino: int, name: bytes | None) -> None:
         if not self.mounted:
@@ -836,12 +850,14 @@ class Worker(WorkerAPI):
             "admission": self.config.admission,
             "promote": self.config.promote,
             "fuse_no_open": self.no_open,
+            # The native READ path's counters; None when every READ is served in Python.
+            "fuse_fast_read": None if self.fs.native is None else self.fs.native.stats(),
             "tiers": [vars_of(usage) for usage in self.cache.usage()],
             "reads": {
-                "hits": dict(m.hits),
+                "hits": m.served_hits(),
                 "misses": m.misses,
                 "hit_ratio": m.hit_ratio(),
-                "bytes_served": dict(m.bytes_served),
+                "bytes_served": m.served_bytes(),
                 "coalesced": m.fetch_coalesced,
                 "readahead_blocks": m.readahead_blocks,
             },

@@ -55,6 +55,7 @@ class WorkerProcess:
         extra_args: tuple[str, ...] = (),
         command: tuple[str, ...] = ("up",),
         own_process_group: bool = False,
+        ram_dir: str | None = None,
     ):
         self.base_dir = base_dir
         self.command = command
@@ -63,7 +64,7 @@ class WorkerProcess:
         self.own_process_group = own_process_group
         self.state = os.path.join(base_dir, "state")
         self.mount = os.path.join(base_dir, "mnt")
-        self.ram_dir = f"/dev/shm/cachefs-test-{uuid.uuid4().hex[:10]}"
+        self.ram_dir = ram_dir or f"/dev/shm/cachefs-test-{uuid.uuid4().hex[:10]}"
         self.args = [
             "--ram",
             ram,

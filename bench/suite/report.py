@@ -75,10 +75,16 @@ def evaluate(results: dict) -> list[dict]:
     )
     emulator = results.get("emulator") or {}
     tmpfs_n = largest(emulator.get("tmpfs"))
-    for variant in ("cachefs", "cachefs_ram_tier"):
+    emulator_variants = {
+        "cachefs": "warm",
+        "cachefs_ram_tier": "page cache and dentries dropped before each trial",
+        "cachefs_ram_tier_listed": "samples listed, then page cache dropped before each trial",
+    }
+    for variant, what in emulator_variants.items():
+        if variant not in emulator and variant == "cachefs_ram_tier_listed":
+            continue  # results from before this variant existed
         n = largest(emulator.get(variant))
         value = None if n is None or not tmpfs_n else n / tmpfs_n
-        what = "warm" if variant == "cachefs" else "page cache dropped before each trial"
         rows.append(
             _target(
                 f"emulator: accelerators kept >= 90 % busy, cachefs ({what}) >= "

@@ -429,6 +429,8 @@ def emulator_workload(ctx: Context) -> dict:
         variants.append((system, data, ["--warm-up"]))
         if system == "cachefs":
             variants.append(("cachefs_ram_tier", data, ["--drop-caches"]))
+            # As a training job reads: it lists the dataset, then reads (dentries kept).
+            variants.append(("cachefs_ram_tier_listed", data, ["--drop-pages"]))
     for name, data, extra in variants:
         log(f"emulator: {name}")
         argv = [

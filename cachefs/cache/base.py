@@ -16,7 +16,7 @@ else from worker threads.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -154,6 +154,17 @@ class BlockFile(NamedTuple):
     checksum: int
 
 
+class ChunkedBlockFile(NamedTuple):
+    """A cached block's file as the native READ path needs it (cachefs/fs/native_reads.py): the
+    file, its admitted size, the chunk checksums to check every chunk it serves against, and
+    the id that names this admission of the block (what :meth:`BlockCache.on_remove` passes)."""
+
+    path: str
+    size: int
+    file_id: int
+    chunk_checksums: bytes
+
+
 @dataclass(frozen=True, slots=True)
 class TierUsage:
     name: str  # "ram" | "ssd"
@@ -225,6 +236,17 @@ class BlockCache(Protocol):
 
     def block_file(self, key: BlockKey) -> BlockFile | None:
         """The block's file with its admitted size and checksum, or None if not cached."""
+        ...
+
+    def chunked_block_file(self, key: BlockKey, *, tier: str) -> ChunkedBlockFile | None:
+        """The block's file with its chunk checksums if ``tier`` holds it (one index lookup, no
+        file I/O, not an access for the LRU order), else None."""
+        ...
+
+    def on_remove(self, hook: Callable[[int], None] | None) -> None:
+        """Call ``hook(file_id)`` before any block file is removed (evicted, dropped, moved by a
+        promotion), from whichever thread removes it: a native reader holding the block's path
+        forgets it there, so that the file's space is released when it is unlinked."""
         ...
 
     def usage(self) -> list[TierUsage]: ...

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cachefs.cache.base import KEY_LEN
@@ -100,6 +100,8 @@ class Tier:
         self.pending = 0
         # Descriptors of recently read block files: reads open and release them here.
         self.open_files = OpenBlockFiles(open_files_limit, self.block_path)
+        # Called with a block's file id before its file is removed (TieredBlockCache.on_remove).
+        self.before_remove: Callable[[int], None] | None = None
 
     def free(self) -> int:
         return self.capacity - self.used - self.pending
@@ -139,8 +141,11 @@ class Tier:
             raise
 
     def remove_block(self, raw: bytes, file_id: int) -> None:
-        """Delete a block's file. Unlink first, then close a kept descriptor of it: in that
-        order no descriptor of the removed file can stay open (see ``open_files.py``)."""
+        """Delete a block's file. Tell ``before_remove`` first (the native read path forgets the
+        file), unlink, then close a kept descriptor of it: in that order no descriptor of the
+        removed file can stay open (see ``open_files.py``)."""
+        if self.before_remove is not None:
+            self.before_remove(file_id)
         _unlink_if_present(self.block_path(raw, file_id))
         self.open_files.forget(file_id)
 

@@ -33,7 +33,7 @@ import logging
 import os
 import resource
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from cachefs.cache.base import (
     CHUNK_SIZE,
@@ -41,6 +41,7 @@ from cachefs.cache.base import (
     BlockKey,
     CacheCounters,
     CheckedBlock,
+    ChunkedBlockFile,
     TierUsage,
     checksum,
     chunk_checksums,
@@ -711,6 +712,22 @@ class TieredBlockCache:
         entry = Entry.unpack(value)
         path = self._tier_by_id[entry.tier_id].block_path(raw, entry.file_id)
         return BlockFile(path, entry.size, entry.checksum)
+
+    def chunked_block_file(self, key: BlockKey, *, tier: str) -> ChunkedBlockFile | None:
+        self._check_open()
+        raw = key.raw
+        value = self._index.get(raw)
+        if value is None or value[0] != self._tier_id_of(tier):
+            return None
+        entry = Entry.unpack(value)
+        if not entry.chunk_checksums:  # an entry from index format 1: its first read adds them
+            return None
+        path = self._tier_by_id[entry.tier_id].block_path(raw, entry.file_id)
+        return ChunkedBlockFile(path, entry.size, entry.file_id, entry.chunk_checksums)
+
+    def on_remove(self, hook: Callable[[int], None] | None) -> None:
+        for tier in self._tiers:
+            tier.before_remove = hook
 
     def usage(self) -> list[TierUsage]:
         with self._lock:

@@ -186,7 +186,7 @@ class BlockReader:
             parts.append(await self._read_block(source, file, index, lo - start, hi - lo))
         return b"".join(parts)
 
-    def _block_key(self, source: DataSource, file: FileVersion, index: int) -> BlockKey:
+    def block_key(self, source: DataSource, file: FileVersion, index: int) -> BlockKey:
         identity = (source.source_id, file.key, file.etag, index)
         key = self._block_keys.get(identity)
         if key is None:
@@ -218,7 +218,7 @@ class BlockReader:
             return
         final = (file.size - 1) // source.block_size
         for index in range(last + 1, min(last + self._readahead_blocks, final) + 1):
-            key = self._block_key(source, file, index)
+            key = self.block_key(source, file, index)
             if key.raw in self._flights or self._recent.get(key.raw) is not None:
                 continue
             if self.cache.locate(key) is not None:
@@ -245,7 +245,7 @@ class BlockReader:
         admit it, and sharing the fetch with any concurrent read of the block. Returns where
         it came from, or None when it is cached already; raises CachefsError when the fetch
         fails."""
-        key = self._block_key(source, file, index)
+        key = self.block_key(source, file, index)
         # Checked here, not only by the caller: a read may have cached the block since, and
         # no checkpoint separates this check from _fetch registering its flight.
         if self.cache.locate(key) is not None:
@@ -257,7 +257,7 @@ class BlockReader:
     async def _read_block(
         self, source: DataSource, file: FileVersion, index: int, offset: int, length: int
     ) -> bytes:
-        key = self._block_key(source, file, index)
+        key = self.block_key(source, file, index)
         metrics = self.metrics
         data = self.cache.read(key, offset, length, tier="ram")
         if data is not None:
@@ -299,7 +299,7 @@ class BlockReader:
         never forwarded again), and this node does not admit the block until its own view
         says it owns the shard — the hand-off or fill copies it then."""
         self.last_read_at[source.dataset] = time.time()
-        key = self._block_key(source, file, index)
+        key = self.block_key(source, file, index)
         block = await self._read_whole_cached(key)
         if block is None:
             holder = self.route.owner_address(source.dataset, key.shard) if self.route else None
@@ -315,7 +315,7 @@ class BlockReader:
         cached-only request: never the store, never another node). Not counted as a read of
         the dataset: it is a copy being filled, not a job reading, and counting it would keep
         the copy it is cloned from looking busy."""
-        block = await self._read_whole_cached(self._block_key(source, file, index))
+        block = await self._read_whole_cached(self.block_key(source, file, index))
         if block is not None:
             self.metrics.peer_served += 1
         return block

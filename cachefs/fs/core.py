@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from cachefs.cache.base import CheckedBlock
 from cachefs.errors import BadFileHandle, IsADirectory, NotADirectory, PathNotFound, ReadOnly
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.fs.native_reads import BLOCKS_AHEAD_OF_READ, BLOCKS_PER_LOOKUP, NativeReads
 from cachefs.fs.permissions import MountPermissions, shown_mode
 from cachefs.meta import ROOT as SNAPSHOT_ROOT
 from cachefs.meta import Entry, Snapshot
@@ -75,6 +76,12 @@ class _OpenFile:
 class FileSystem:
     def __init__(self, reader: BlockReader, permissions: MountPermissions | None = None):
         self.reader = reader
+        # The native READ table (no-open mode with the patched pyfuse3), kept coherent here:
+        # see cachefs/fs/native_reads.py. None: every READ is served in Python.
+        self.native: NativeReads | None = None
+        # Bumped whenever a snapshot or the set of datasets changes: a registration prepared
+        # before an await goes ahead only if no change came in between.
+        self._generation = 0
         self.permissions = perms = permissions or MountPermissions()
         # The attributes' (mode, uid, gid) of entries whose source recorded no owner.
         self._default_file = (stat.S_IFREG | perms.file_mode, perms.uid, perms.gid)
@@ -98,14 +105,14 @@ class FileSystem:
             raise ValueError(f"dataset slot {dataset.slot} out of range")
         self._by_name[dataset.name.encode()] = dataset
         self._by_slot[dataset.slot] = dataset
-        self._versions.clear()
+        self._changed(dataset.slot)
         self._root_mtime_ns = time.time_ns()
 
     def remove_dataset(self, name: str) -> MountedDataset | None:
         dataset = self._by_name.pop(name.encode(), None)
         if dataset is not None:
             del self._by_slot[dataset.slot]
-            self._versions.clear()
+            self._changed(dataset.slot)
             self._root_mtime_ns = time.time_ns()
         return dataset
 
@@ -119,10 +126,18 @@ class FileSystem:
         """Atomically serve a new snapshot (the trio loop is single-threaded); return the old."""
         dataset = self._by_name[name.encode()]
         old = dataset.snapshot
+        self._changed(dataset.slot)  # before the new snapshot serves a READ
         dataset.snapshot = snapshot
         dataset.source = source
-        self._versions.clear()
         return old
+
+    def _changed(self, slot: int) -> None:
+        """A dataset's snapshot, or the set of datasets, changes: forget what reads of the old
+        state remembered (the versions, the native table's entries of its inodes)."""
+        self._versions.clear()
+        self._generation += 1
+        if self.native is not None:
+            self.native.forget_inodes(slot << SLOT_SHIFT, ((slot + 1) << SLOT_SHIFT) - 1)
 
     def global_ino(self, dataset: MountedDataset, local_ino: int) -> int:
         return dataset.slot << SLOT_SHIFT | local_ino
@@ -168,7 +183,10 @@ class FileSystem:
         if entry is None:
             raise PathNotFound(f"{name!r} not found")
         if not entry.is_dir:  # its READs follow (no-open mode): keep what they need
-            self._remember_version(dataset, entry)
+            source, version = self._remember_version(dataset, entry)
+            if self.native is not None:
+                ino = dataset.slot << SLOT_SHIFT | entry.ino
+                self.native.register_blocks(ino, source, version, 0, BLOCKS_PER_LOOKUP)
         return self._attr(dataset, entry)
 
     def getattr(self, ino: int) -> Attr:
@@ -242,7 +260,16 @@ class FileSystem:
             dataset, entry = self._file_entry(ino)
             remembered = self._remember_version(dataset, entry)
         source, version = remembered
-        return await self.reader.read(source, version, offset, size)
+        generation = self._generation
+        data = await self.reader.read(source, version, offset, size)
+        if self.native is not None and generation == self._generation and data:
+            # This READ came to Python: its blocks (and the next ones) may be in RAM now.
+            first = offset // source.block_size
+            last = (offset + len(data) - 1) // source.block_size
+            self.native.register_blocks(
+                ino, source, version, first, last - first + 1 + BLOCKS_AHEAD_OF_READ
+            )
+        return data
 
     def _remember_version(
         self, dataset: MountedDataset, entry: Entry

@@ -19,6 +19,7 @@ import pyfuse3
 from cachefs.errors import (
     BadFileHandle,
     CachefsError,
+    ConfigError,
     IsADirectory,
     NotADirectory,
     PathNotFound,
@@ -26,12 +27,15 @@ from cachefs.errors import (
     StoreError,
 )
 from cachefs.fs.core import SLOT_SHIFT, Attr, FileSystem
+from cachefs.fs.native_reads import NativeReadTable
 from cachefs.metrics import WorkerMetrics
 
 log = logging.getLogger("cachefs.fuse")
 
 #: True when pyfuse3 carries cachefs's patch (third_party/pyfuse3/build.py).
 NO_OPEN_SUPPORTED = bool(getattr(pyfuse3, "READ_FH_FALLS_BACK_TO_INODE", False))
+#: True when that patch includes the native READ fast path (``pyfuse3.fast_read_*``).
+FAST_READ_SUPPORTED = bool(getattr(pyfuse3, "FAST_READ", False))
 #: File handles are small counters; dataset inodes are >= 1 << SLOT_SHIFT. A read "handle" at or
 #: above this is an inode (no-open mode).
 INODE_FH_THRESHOLD = 1 << SLOT_SHIFT
@@ -89,6 +93,7 @@ class FuseOperations(pyfuse3.Operations):
         self._lookup_latency = metrics.fuse_latency.get("lookup")
         self._getattr_latency = metrics.fuse_latency.get("getattr")
         self._open_latency = metrics.fuse_latency.get("open")
+        self._readdir_latency = metrics.fuse_latency.get("readdir")
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -148,12 +153,15 @@ class FuseOperations(pyfuse3.Operations):
         return inode
 
     async def readdir(self, fh, start_id, token):
+        began = time.perf_counter()
         try:
             for name, attr, next_id in self.fs.readdir(fh, start_id):
                 if not pyfuse3.readdir_reply(token, name, self._entry(attr), next_id):
                     break
         except Exception as exc:
             raise self._fail(exc, "readdir") from None
+        finally:
+            self._readdir_latency.observe(time.perf_counter() - began)
 
     async def releasedir(self, fh):
         return
@@ -170,11 +178,14 @@ class FuseOperations(pyfuse3.Operations):
         stats.f_namemax = 255
         return stats
 
+    # No extended attributes. ENOSYS, not ENOATTR: the kernel remembers ENOSYS for the whole
+    # mount and answers every later getxattr/listxattr itself ("not supported"), where ENOATTR
+    # would bring each `ls -l` (security.selinux, system.posix_acl_access) back to Python.
     async def getxattr(self, inode, name, ctx):
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        raise pyfuse3.FUSEError(errno.ENOSYS)
 
     async def listxattr(self, inode, ctx):
-        return []
+        raise pyfuse3.FUSEError(errno.ENOSYS)
 
     async def access(self, inode, mode, ctx):
         if mode & os.W_OK:
@@ -260,7 +271,61 @@ def mount_options(*, allow_other: bool) -> set[str]:
     return options
 
 
+class _PyfuseNativeReadTable:
+    """The patched pyfuse3's fast-read table (cachefs_fast_read.c) as a NativeReadTable."""
+
+    def configure(self, chunk_size: int, max_blocks: int) -> None:
+        pyfuse3.fast_read_configure(chunk_size, max_blocks)
+
+    def register(self, ino, index, block_size, file_size, file_id, path, length, chunk_checksums):
+        return pyfuse3.fast_read_register(
+            ino, index, block_size, file_size, file_id, path, length, chunk_checksums
+        )
+
+    def forget_file(self, file_id: int) -> None:
+        pyfuse3.fast_read_forget_file(file_id)
+
+    def forget_inodes(self, lo: int, hi: int) -> None:
+        pyfuse3.fast_read_forget_inodes(lo, hi)
+
+    def clear(self) -> None:
+        pyfuse3.fast_read_clear()
+
+    def stats(self) -> dict[str, int]:
+        return pyfuse3.fast_read_stats()
+
+
+def native_read_table(wanted: bool | None, no_open: bool) -> NativeReadTable | None:
+    """The binding's fast-read table when READs of cached blocks are to be answered in C;
+    None when they are not (``wanted`` False, or None and the binding or mode lacks it: said
+    once in the log). ``wanted`` True and not possible: ConfigError."""
+    if wanted is False:
+        return None
+    if not FAST_READ_SUPPORTED:
+        if wanted:
+            raise ConfigError(
+                "--fuse-fast-read on needs the patched pyfuse3 "
+                "(python third_party/pyfuse3/build.py)"
+            )
+        log.warning(
+            "pyfuse3 has no cachefs fast-read patch: every READ is served in Python "
+            "(for the native path: python third_party/pyfuse3/build.py)"
+        )
+        return None
+    if not no_open:
+        if wanted:
+            raise ConfigError("--fuse-fast-read on needs no-open mode (--fuse-no-open on)")
+        log.info("FUSE open mode: every READ is served in Python (the native path needs no-open)")
+        return None
+    return _PyfuseNativeReadTable()
+
+
 def mount(ops: FuseOperations, mountpoint: str, options: set[str]) -> None:
+    if FAST_READ_SUPPORTED:
+        # The kernel keeps directory listings until a refresh invalidates the directories
+        # whose entries changed (Worker._invalidate_changes): a warm `ls -lR`/`find` stays in
+        # the kernel. Stock pyfuse3 cannot ask for it; listings then reach Python every time.
+        pyfuse3.cache_listings(True)
     pyfuse3.init(ops, mountpoint, options)
 
 

@@ -39,7 +39,7 @@ import shutil
 import struct
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import lmdb
 
@@ -92,6 +92,9 @@ class BuildResult:
     # whose kind changed (file <-> directory) is listed too: it has a new inode now.
     removed: list[tuple[int, bytes]]
     overflow: bool  # True if either list hit RESULT_CAP: invalidate everything instead
+    # Directories of `previous` whose list of entries changed (an entry added or removed): the
+    # kernel may keep listings (pyfuse3.cache_listings) and must forget these.
+    listings_changed: list[int] = field(default_factory=list)
 
 
 def build_snapshot(
@@ -230,6 +233,7 @@ class _Builder:
         # Reused directories whose recorded owner changed: a set, as unsorted input may close a
         # directory more than once (only the last close counts).
         self._changed_dirs: set[int] = set()
+        self._listings_changed: set[int] = set()
 
     def build(self, objects: Iterable[ObjectInfo]) -> BuildResult:
         try:
@@ -439,6 +443,7 @@ class _Builder:
                 prev_record = self._prev_record(prev_key)
                 if prev_record[0] == kind:
                     return INO.unpack(prev_key)[0], prev_record
+            self._listings_changed.add(parent.ino)  # a new entry in a directory of previous
         ino = self._next_ino
         if ino >= MAX_INO:
             raise SnapshotError(f"snapshot at {self._dest!r}: inode numbers exhausted")
@@ -499,7 +504,9 @@ class _Builder:
         self._env.sync(True)
         self._env.close()
         _mark_complete(self._dest, stats, self._next_ino)
-        return BuildResult(stats, changed, removed, self._overflow)
+        listings = self._listings_changed | {parent for parent, _name in removed}
+        overflow = self._overflow or len(listings) > RESULT_CAP
+        return BuildResult(stats, changed, removed, overflow, sorted(listings)[:RESULT_CAP])
 
     def _move_staged(self) -> None:
         """Append the staged records (all above every reused inode) to ``inodes``, a batch per

@@ -1,5 +1,5 @@
-"""Build pyfuse3 with cachefs's one-line patch: read() learns the inode when there is no file
-handle, so cachefs can use FUSE's no-open mode.
+"""Build pyfuse3 with cachefs's patch: read() learns the inode when there is no file handle (so
+cachefs can use FUSE's no-open mode), and READs of cached blocks are answered in C.
 
 Why: with no-open (the kernel's FUSE_NO_OPEN_SUPPORT, entered when open() answers ENOSYS) the
 kernel stops sending OPEN and RELEASE, and keeps the page cache across opens. A warm read then
@@ -8,6 +8,20 @@ RELEASE. Stock pyfuse3 passes only the file handle to read(), which is 0 in that
 file cannot be identified; this patch passes the inode instead when the handle is 0 and sets
 ``pyfuse3.READ_FH_FALLS_BACK_TO_INODE = True`` so cachefs can tell it is there (without it,
 cachefs uses ordinary opens and works the same, only slower).
+
+The native READ fast path (``cachefs_fast_read.c`` / ``.h`` beside this file, copied into the
+source tree and compiled into the extension): a table that cachefs fills with the verified
+blocks of its RAM tier, consulted by fuse_read() before the Python handler. A READ whose bytes
+are all in it is answered with open + pread + an xxh3 check of every chunk + fuse_reply_buf,
+without the GIL-holding handler or a trio task; anything else falls through unchanged. The
+session loop then takes the next requests from /dev/fuse (waiting up to 50 µs for each, 64 at
+most) without going back to trio for each, as long as they are answered that way. And
+``pyfuse3.cache_listings(True)`` makes OPENDIR replies let the kernel keep directory listings
+(FOPEN_CACHE_DIR) until the directory's inode is invalidated: a warm ``ls -lR`` or ``find``
+then stays in the kernel.
+``pyfuse3.FAST_READ`` says the patch is there;
+the table's Python API is ``pyfuse3.fast_read_*`` (see cachefs/fs/native_reads.py for how cachefs
+keeps it coherent). Stock pyfuse3 still works: cachefs then serves every READ in Python.
 
 Usage: python third_party/pyfuse3/build.py [--python PYTHON]
 Downloads the pinned pyfuse3 source release from the package index, patches it, and installs it
@@ -18,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -42,13 +58,76 @@ PATCHES = [
         "# cachefs patch: read() gets the inode when the file handle is 0 (no-open mode).\n"
         "READ_FH_FALLS_BACK_TO_INODE = True\n",
     ),
+    (
+        "src/pyfuse3/handlers.pxi",
+        "                     fuse_file_info *fi):\n    cdef _Container c = _Container()\n"
+        "    c.req = req\n    c.size = size\n    c.off = off\n    # cachefs",
+        "                     fuse_file_info *fi):\n    cdef _Container c\n"
+        "    # cachefs: a READ whose bytes are all in the fast-read table is answered in C.\n"
+        "    if cfr_try_read(req, ino, size, off):\n        return\n    c = _Container()\n"
+        "    c.req = req\n    c.size = size\n    c.off = off\n    # cachefs",
+    ),
+    (
+        "src/pyfuse3/internal.pxi",
+        "        save_retval(None)\n        fuse_session_process_buf(session, &buf)\n"
+        "        if py_retval is not None:\n            await py_retval\n",
+        "        save_retval(None)\n        fuse_session_process_buf(session, &buf)\n"
+        "        # cachefs: while requests are answered without Python (the fast-read path),\n"
+        "        # take the ones already queued the same way (a bounded batch) before going back\n"
+        "        # to trio.\n"
+        "        batch = 0\n"
+        "        while (py_retval is None and batch < FAST_BATCH\n"
+        "               and cfr_fd_readable(session_fd, FAST_WAIT_US)):\n"
+        "            res = fuse_session_receive_buf(session, &buf)\n"
+        "            if res <= 0:\n                break\n"
+        "            batch += 1\n"
+        "            fuse_session_process_buf(session, &buf)\n"
+        "        if py_retval is not None:\n            await py_retval\n",
+    ),
+    (
+        "src/pyfuse3/internal.pxi",
+        "    cdef int res\n    cdef fuse_buf buf\n",
+        "    cdef int res\n    cdef int batch\n    cdef fuse_buf buf\n",
+    ),
+    (
+        "src/pyfuse3/__init__.pyx",
+        'include "handlers.pxi"\n',
+        'include "cachefs_fast_read.pxi"\ninclude "handlers.pxi"\n',
+    ),
+    (
+        "src/pyfuse3/handlers.pxi",
+        "    else:\n        ret = fuse_reply_open(c.req, &c.fi)\n\n"
+        "    if ret != 0:\n        log.error('fuse_opendir(): ",
+        "    else:\n"
+        "        cfr_mark_listing(&c.fi)  # cachefs: the kernel may keep the listing\n"
+        "        ret = fuse_reply_open(c.req, &c.fi)\n\n"
+        "    if ret != 0:\n        log.error('fuse_opendir(): ",
+    ),
+    (
+        "util/build_backend.py",
+        "c_sources = ['src/pyfuse3/__init__.pyx']",
+        "c_sources = ['src/pyfuse3/__init__.pyx', 'src/pyfuse3/cachefs_fast_read.c']",
+    ),
 ]
+#: Files of the fast path, copied from beside this script into the pyfuse3 source tree.
+FAST_READ_FILES = ("cachefs_fast_read.c", "cachefs_fast_read.h", "cachefs_fast_read.pxi")
+
+
+def patch_id() -> str:
+    """A digest of the whole patch (the text replacements and the fast-path files): built into
+    the module as ``pyfuse3.CACHEFS_PATCH``, so a changed patch is rebuilt by the next setup."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha256(repr(PATCHES).encode())
+    for name in FAST_READ_FILES:
+        with open(os.path.join(here, name), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:16]
 
 
 def is_installed(python: str) -> bool:
     probe = (
         "import pyfuse3, sys\n"
-        "patched = getattr(pyfuse3, 'READ_FH_FALLS_BACK_TO_INODE', False)\n"
+        f"patched = getattr(pyfuse3, 'CACHEFS_PATCH', None) == {patch_id()!r}\n"
         f"sys.exit(0 if patched and pyfuse3.__version__ == {VERSION!r} else 1)"
     )
     return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
@@ -71,6 +150,9 @@ def main() -> int:
         with tarfile.open(sdist) as tar:
             tar.extractall(work, filter="data")
         source = os.path.join(work, f"pyfuse3-{VERSION}")
+        here = os.path.dirname(os.path.abspath(__file__))
+        for name in FAST_READ_FILES:
+            shutil.copy(os.path.join(here, name), os.path.join(source, "src", "pyfuse3", name))
         for relative, original, replacement in PATCHES:
             path = os.path.join(source, relative)
             with open(path) as f:
@@ -79,6 +161,11 @@ def main() -> int:
                 raise SystemExit(f"cannot patch {relative}: upstream text changed")
             with open(path, "w") as f:
                 f.write(text.replace(original, replacement))
+        with open(os.path.join(source, "src", "pyfuse3", "__init__.pyx"), "a") as f:
+            f.write(
+                f"\n# cachefs patch: which one (third_party/pyfuse3/build.py patch_id).\n"
+                f"CACHEFS_PATCH = {patch_id()!r}\n"
+            )
         # The shipped C file is generated from the .pyx; remove it so Cython regenerates it.
         os.remove(os.path.join(source, "src", "pyfuse3", "__init__.c"))
         subprocess.run(
@@ -87,7 +174,7 @@ def main() -> int:
         )
     if not is_installed(args.python):
         raise SystemExit("patched pyfuse3 did not install correctly")
-    print(f"installed pyfuse3 {VERSION} with the cachefs read-inode patch", file=sys.stderr)
+    print(f"installed pyfuse3 {VERSION} with the cachefs patch {patch_id()}", file=sys.stderr)
     return 0
 
 

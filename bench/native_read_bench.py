@@ -1,0 +1,525 @@
+"""The native READ path against the Python one and tmpfs, side by side in one run.
+
+    python -m bench.native_read_bench [--files 10000] [--readers 1,4,16] [--repeats 3]
+                                      [--large-files 4 --large-mib 256] [--save-dir DIR]
+
+Two cachefs workers (``cachefs up``) serve the same generated ImageNet-like tree (bench/datagen.py,
+``file://`` source, RAM tier larger than the data): ``native`` with the patched pyfuse3's fast
+path (``--fuse-fast-read on``) and ``python`` with ``--fuse-fast-read off``, where every READ is
+served by the Python handler — the path before the fast path, and what a stock pyfuse3 gives.
+``tmpfs`` is a plain copy of the tree on /dev/shm: the machine's limit. Passes, best of
+``--repeats``, every reader count of ``--readers``:
+
+* ``first_read_ram`` — every block in the RAM tier; the tree listed (dentries cached), then
+  ``echo 1 > drop_caches`` (page cache dropped, dentries kept, as a training job lists and then
+  reads); N reader *processes* (like DataLoader workers) each ``os.open``/``os.read``/``os.close``
+  their share of one shuffled order. The worker's CPU time per 1,000 files is measured from
+  /proc over the pass.
+* ``first_read_ram_threads`` — the same with N threads in one process (the GIL caps tmpfs).
+* ``first_read_ram_echo3`` — ``echo 3`` instead: dentries dropped too (LOOKUP + READ per file).
+* ``warm`` — page cache kept (everything read just before): what neither path should change.
+* ``first_read_source`` — nothing cached (dataset removed and added again, page cache dropped):
+  every file fetched from the source through the worker (processes).
+* ``large_first_read_ram`` — ``--large-files`` files of ``--large-mib`` MiB in the RAM tier,
+  page cache dropped, one reader, MB/s.
+* ``ls_lR`` and ``find`` of the tree, warm (run once untimed first): seconds.
+
+Every read is checked: every file's length, and the sha256 of a fixed sample (small files) or of
+every file (large files), against the generator. Output: JSON and a markdown table with each
+cachefs number as a ratio to tmpfs; ``--save-dir`` writes ``<dir>/<date>.json|md``. Needs root
+(FUSE mounts, drop_caches). Nothing here is imported by cachefs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import multiprocessing
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from bench.datagen import file_bytes, plan_dataset, write_local
+from bench.read_bench import (
+    BenchmarkFailure,
+    WorkerProcess,
+    describe_machine,
+    lock_workdir,
+    read_pass,
+    run_and_report,
+)
+
+SMALL = "small"
+LARGE = "large"
+SYSTEMS = ("tmpfs", "native", "python")
+_LARGE_SEED = 1616
+
+
+# --- caches ----------------------------------------------------------------------------------
+
+
+def drop_caches(level: int) -> None:
+    """``echo level > drop_caches``: 1 = page cache, 3 = page cache, dentries and inodes."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as control:
+        control.write(f"{level}\n")
+
+
+def list_tree(root: str) -> int:
+    """Stat every entry (what a training job's listing does): dentries and attributes cached."""
+    count = 0
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            os.stat(os.path.join(directory, name))
+            count += 1
+    return count
+
+
+# --- readers ---------------------------------------------------------------------------------
+
+
+def _read_fd(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        parts = []
+        while part := os.read(fd, 1 << 20):
+            parts.append(part)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def _check(path: str, data: bytes, size: int, sha256: str | None) -> str | None:
+    if len(data) != size:
+        return f"{path}: read {len(data)} bytes, expected {size}"
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        return f"{path}: content differs from the source (sha256)"
+    return None
+
+
+def _process_reader(paths, sizes, indices, sample, barrier, results) -> None:
+    barrier.wait()
+    error = None
+    try:
+        for index in indices:
+            error = _check(paths[index], _read_fd(paths[index]), sizes[index], sample.get(index))
+            if error:
+                break
+    except Exception as exc:  # reported by the parent, not lost in a child
+        error = f"{type(exc).__name__}: {exc}"
+    results.put(error)
+
+
+def process_pass(
+    paths: Sequence[str],
+    sizes: Sequence[int],
+    order: Sequence[int],
+    readers: int,
+    sample: dict[int, str],
+) -> float:
+    """Seconds for ``readers`` processes to read ``order`` (reader t takes order[t::readers]),
+    from their release to the last one's end. Raises BenchmarkFailure on a wrong file."""
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(readers + 1)
+    results = context.Queue()
+    children = [
+        context.Process(
+            target=_process_reader,
+            args=(paths, sizes, order[t::readers], sample, barrier, results),
+        )
+        for t in range(readers)
+    ]
+    for child in children:
+        child.start()
+    barrier.wait()
+    began = time.perf_counter()
+    errors = [results.get() for _ in children]
+    seconds = time.perf_counter() - began
+    for child in children:
+        child.join()
+    failed = [error for error in errors if error]
+    if failed:
+        raise BenchmarkFailure(f"{len(failed)} reader(s) failed; first: {failed[0]}")
+    return seconds
+
+
+def thread_pass(paths, sizes, order, readers, sample) -> float:
+    return read_pass(paths, sizes, order, readers, sample, _read_fd).seconds
+
+
+# --- the systems -----------------------------------------------------------------------------
+
+
+class System:
+    """One way of reaching the files: a tmpfs copy, or a cachefs worker's mount."""
+
+    def __init__(self, name: str, root: str, worker: WorkerProcess | None = None):
+        self.name = name
+        self.root = root  # the directory holding SMALL and LARGE
+        self.worker = worker
+
+    def paths(self, dataset: str, relative: Sequence[str]) -> list[str]:
+        return [os.path.join(self.root, dataset, path) for path in relative]
+
+    def counters(self) -> dict[str, float]:
+        if self.worker is None:
+            return {}
+        status = self.worker.client.status()
+        counters = status["activity"]["counters"]
+        return {
+            "worker_cpu_s": self.worker.cpu_seconds(),
+            "python_reads": counters.get("python_reads", 0),
+            "native_reads": counters.get("native_reads", 0),
+            "misses": counters.get("misses", 0),
+        }
+
+
+def measure(
+    system: System, run: Callable[[], float], prepare: Callable[[], None], repeats: int
+) -> dict:
+    """Best of ``repeats`` runs; with the worker's counters over the best one."""
+    best = None
+    for _ in range(repeats):
+        prepare()
+        before = system.counters()
+        seconds = run()
+        after = system.counters()
+        delta = {key: after[key] - before[key] for key in after}
+        if best is None or seconds < best[0]:
+            best = (seconds, delta)
+    seconds, delta = best
+    return {"seconds": seconds, "worker": delta}
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+
+def run_benchmark(args: argparse.Namespace) -> dict:
+    with lock_workdir(args.workdir, "native_read_bench"):
+        return _run(args)
+
+
+def _make_large(root: str, count: int, mib: int) -> tuple[list[str], list[int], dict[int, str]]:
+    os.makedirs(os.path.join(root, LARGE), exist_ok=True)
+    names, sizes, digests = [], [], {}
+    for i in range(count):
+        name = f"shard-{i:03d}.bin"
+        path = os.path.join(root, LARGE, name)
+        size = mib << 20
+        rng = random.Random(f"{_LARGE_SEED}/{i}")
+        digest = hashlib.sha256()
+        if not (os.path.exists(path) and os.path.getsize(path) == size):
+            with open(path, "wb") as out:
+                for _ in range(mib):
+                    chunk = rng.randbytes(1 << 20)
+                    out.write(chunk)
+                    digest.update(chunk)
+        else:
+            for _ in range(mib):
+                digest.update(rng.randbytes(1 << 20))
+        names.append(name)
+        sizes.append(size)
+        digests[i] = digest.hexdigest()
+    return names, sizes, digests
+
+
+def _run(args: argparse.Namespace) -> dict:
+    source = os.path.join(args.workdir, "source")
+    plan = plan_dataset(args.files, classes=args.classes, seed=args.seed)
+    print(
+        f"generating {len(plan.files):,} files and {args.large_files} x {args.large_mib} MiB "
+        f"in {source}",
+        file=sys.stderr,
+    )
+    write_local(os.path.join(source, SMALL), plan)
+    large_names, large_sizes, large_sha = _make_large(source, args.large_files, args.large_mib)
+    small_names = [spec.path for spec in plan.files]
+    small_sizes = [spec.size for spec in plan.files]
+    order = list(range(len(plan.files)))
+    random.Random(args.seed + 1).shuffle(order)
+    sample_ids = random.Random(args.seed + 2).sample(order, min(args.sample, len(order)))
+    sample = {
+        i: hashlib.sha256(file_bytes(plan.files[i], plan.seed)).hexdigest() for i in sample_ids
+    }
+    readers = sorted({int(n) for n in args.readers.split(",")})
+    total = plan.total_bytes + sum(large_sizes)
+    ram = f"{(total * 5 // 4 >> 20) + 256}MiB"
+
+    tmpfs_root = f"/dev/shm/cachefs-native-bench-{os.getpid()}"
+    workers: list[WorkerProcess] = []
+    results: dict = {
+        "benchmark": "native_read_bench",
+        "date": datetime.date.today().isoformat(),
+        "machine": describe_machine(),
+        "command": " ".join(
+            [os.path.basename(sys.executable), "-m", "bench.native_read_bench", *sys.argv[1:]]
+        ),
+        "files": len(plan.files),
+        "small_bytes": plan.total_bytes,
+        "large_files": args.large_files,
+        "large_mib": args.large_mib,
+        "repeats": args.repeats,
+        "passes": [],
+    }
+    try:
+        shutil.rmtree(tmpfs_root, ignore_errors=True)
+        shutil.copytree(source, tmpfs_root)
+        systems = [System("tmpfs", tmpfs_root)]
+        for name, fast in (("native", "on"), ("python", "off")):
+            workdir = os.path.join(args.workdir, name)
+            os.makedirs(workdir, exist_ok=True)
+            worker = WorkerProcess(
+                workdir,
+                ram=ram,
+                env={},
+                ram_dir=f"/dev/shm/cachefs-native-bench-{name}",
+                extra_args=["--fuse-fast-read", fast],
+            )
+            workers.append(worker)
+            for dataset in (SMALL, LARGE):
+                worker.client.add_dataset(
+                    {"name": dataset, "uri": f"file://{os.path.join(source, dataset)}"}
+                )
+            systems.append(System(name, worker.mount, worker))
+            print(f"{name}: worker pid {worker.process.pid}, RAM tier {ram}", file=sys.stderr)
+        results["passes"] = _passes(
+            args,
+            systems,
+            readers,
+            order,
+            sample,
+            (small_names, small_sizes),
+            (large_names, large_sizes, large_sha),
+        )
+        results["native_counters"] = workers[0].client.status()["fuse_fast_read"]
+        results["rss_bytes"] = {s.name: s.worker.client.status()["rss_bytes"] for s in systems[1:]}
+    finally:
+        for worker in workers:
+            worker.stop()
+        shutil.rmtree(tmpfs_root, ignore_errors=True)
+    results["summary"] = summarise(results["passes"], readers)
+    return results
+
+
+def _passes(args, systems, readers, order, sample, small, large) -> list[dict]:
+    small_names, small_sizes = small
+    large_names, large_sizes, large_sha = large
+    passes = []
+
+    def record(name: str, system: System, n: int, files: int, nbytes: int, result: dict) -> None:
+        seconds = result["seconds"]
+        row = {
+            "pass": name,
+            "system": system.name,
+            "readers": n,
+            "files": files,
+            "seconds": round(seconds, 4),
+            "files_per_s": round(files / seconds, 1),
+            "mb_per_s": round(nbytes / seconds / 1e6, 1),
+            "worker": result["worker"],
+        }
+        cpu = result["worker"].get("worker_cpu_s")
+        if cpu is not None:
+            row["worker_cpu_ms_per_1000_files"] = round(cpu * 1000 / files * 1000, 1)
+        passes.append(row)
+        print(
+            f"  {name:<24} {system.name:<7} {n:>2} readers: {row['files_per_s']:>9,.0f} "
+            f"files/s {row['mb_per_s']:>8,.0f} MB/s  {result['worker']}",
+            file=sys.stderr,
+        )
+
+    for system in systems:  # fill the RAM tiers (and check every file once)
+        paths = system.paths(SMALL, small_names)
+        process_pass(paths, small_sizes, order, 8, sample)
+        large_paths = system.paths(LARGE, large_names)
+        process_pass(large_paths, large_sizes, list(range(len(large_paths))), 1, large_sha)
+    for system in systems[1:]:
+        for dataset in (SMALL, LARGE):
+            cached = next(d for d in system.worker.client.datasets() if d["name"] == dataset)
+            if cached["cached_fraction"] < 1.0:
+                raise BenchmarkFailure(
+                    f"{system.name}: {dataset} only {cached['cached_fraction']:.0%} in the RAM tier"
+                )
+    nbytes = sum(small_sizes)
+    files = len(order)
+    for n in readers:
+        for system in systems:
+            paths = system.paths(SMALL, small_names)
+            root = os.path.join(system.root, SMALL)
+
+            def after_listing(level: int = 1, root: str = root) -> None:
+                list_tree(root)
+                drop_caches(level)
+
+            for name, runner, prepare in (
+                ("first_read_ram", process_pass, after_listing),
+                ("first_read_ram_threads", thread_pass, after_listing),
+                ("first_read_ram_echo3", process_pass, lambda r=root: after_listing(3, r)),
+            ):
+                if name == "first_read_ram_echo3" and n != max(readers):
+                    continue
+                result = measure(
+                    system,
+                    lambda r=runner, p=paths, k=n: r(p, small_sizes, order, k, sample),
+                    prepare,
+                    args.repeats,
+                )
+                record(name, system, n, files, nbytes, result)
+    n_warm = 4 if 4 in readers else max(readers)
+    for system in systems:
+        paths = system.paths(SMALL, small_names)
+        result = measure(
+            system,
+            lambda p=paths: process_pass(p, small_sizes, order, n_warm, sample),
+            lambda p=paths: process_pass(p, small_sizes, order, 8, {}),
+            args.repeats,
+        )
+        record("warm", system, n_warm, files, nbytes, result)
+    for system in systems:
+        paths = system.paths(LARGE, large_names)
+        large_order = list(range(len(paths)))
+        result = measure(
+            system,
+            lambda p=paths, o=large_order: process_pass(p, large_sizes, o, 1, large_sha),
+            lambda: drop_caches(1),
+            args.repeats,
+        )
+        record("large_first_read_ram", system, 1, len(paths), sum(large_sizes), result)
+    for command in (["ls", "-lR"], ["find"]):
+        for system in systems:
+            root = os.path.join(system.root, SMALL)
+
+            def run_tool(c=command, r=root) -> float:
+                began = time.perf_counter()
+                subprocess.run([*c, r], stdout=subprocess.DEVNULL, check=True)
+                return time.perf_counter() - began
+
+            run_tool()  # warm: the timed runs find everything cached
+            result = measure(system, run_tool, lambda: None, args.repeats)
+            record("ls_lR" if command[0] == "ls" else "find", system, 1, files, 0, result)
+    subset = order[: max(1, len(order) // args.cold_fraction)]
+    for system in systems:
+        paths = system.paths(SMALL, small_names)
+
+        def fresh(s=system) -> None:
+            if s.worker is not None:
+                s.worker.client.remove_dataset(SMALL)
+                s.worker.client.add_dataset(
+                    {"name": SMALL, "uri": f"file://{os.path.join(args.workdir, 'source', SMALL)}"}
+                )
+            drop_caches(3)
+
+        result = measure(
+            system,
+            lambda p=paths: process_pass(p, small_sizes, subset, max(readers), sample),
+            fresh,
+            args.repeats,
+        )
+        record(
+            "first_read_source",
+            system,
+            max(readers),
+            len(subset),
+            sum(small_sizes[i] for i in subset),
+            result,
+        )
+    return passes
+
+
+def summarise(passes: list[dict], readers: Sequence[int]) -> list[dict]:
+    """Per pass and reader count: each system's rate and its ratio to tmpfs."""
+    rows = []
+    keys = sorted({(p["pass"], p["readers"]) for p in passes}, key=lambda k: (k[0], k[1]))
+    for name, n in keys:
+        by_system = {p["system"]: p for p in passes if p["pass"] == name and p["readers"] == n}
+        tmpfs = by_system.get("tmpfs")
+        row = {"pass": name, "readers": n}
+        for system, p in by_system.items():
+            if name in ("ls_lR", "find"):
+                row[f"{system}_s"] = p["seconds"]
+                if tmpfs and system != "tmpfs":
+                    row[f"{system}_x_tmpfs_time"] = round(p["seconds"] / tmpfs["seconds"], 2)
+                continue
+            unit = "mb_per_s" if name.startswith("large") else "files_per_s"
+            row[f"{system}_{unit}"] = p[unit]
+            if tmpfs and system != "tmpfs":
+                row[f"{system}_ratio"] = round(p[unit] / tmpfs[unit], 3)
+            if "worker_cpu_ms_per_1000_files" in p:
+                row[f"{system}_cpu_ms_per_1000"] = p["worker_cpu_ms_per_1000_files"]
+        rows.append(row)
+    return rows
+
+
+def render(results: dict) -> str:
+    machine = results["machine"]
+    lines = [
+        f"# Native READ path vs Python vs tmpfs — {results['date']}",
+        "",
+        f"Machine: {machine['nproc']} cores ({machine['cpu']}), "
+        f"{machine['memory_bytes'] / 2**30:.0f} GiB, kernel {machine['kernel']}, "
+        f"Python {machine['python']}.",
+        f"Command: `{results['command']}`",
+        f"Data: {results['files']:,} small files ({results['small_bytes'] / 1e6:,.0f} MB), "
+        f"{results['large_files']} x {results['large_mib']} MiB large files; best of "
+        f"{results['repeats']}.",
+        "",
+        "| pass | readers | tmpfs | native | python | native/tmpfs | python/tmpfs "
+        "| native CPU ms/1000 files | python CPU ms/1000 files |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results["summary"]:
+        if row["pass"] in ("ls_lR", "find"):
+            lines.append(
+                f"| {row['pass']} (s, warm) | 1 | {row.get('tmpfs_s', '')} | "
+                f"{row.get('native_s', '')} | {row.get('python_s', '')} | "
+                f"{row.get('native_x_tmpfs_time', '')}x time | "
+                f"{row.get('python_x_tmpfs_time', '')}x time | | |"
+            )
+            continue
+        unit = "mb_per_s" if row["pass"].startswith("large") else "files_per_s"
+        label = "MB/s" if unit == "mb_per_s" else "files/s"
+        lines.append(
+            f"| {row['pass']} ({label}) | {row['readers']} | {row.get(f'tmpfs_{unit}', '')} | "
+            f"{row.get(f'native_{unit}', '')} | {row.get(f'python_{unit}', '')} | "
+            f"{row.get('native_ratio', '')} | {row.get('python_ratio', '')} | "
+            f"{row.get('native_cpu_ms_per_1000', '')} | {row.get('python_cpu_ms_per_1000', '')} |"
+        )
+    lines += [
+        "",
+        f"Worker RSS at the end: {results.get('rss_bytes')}. Native path counters: "
+        f"{results.get('native_counters')}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sample", type=int, default=500, help="files checked by sha256")
+    parser.add_argument("--readers", default="1,4,16")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--large-files", type=int, default=4)
+    parser.add_argument("--large-mib", type=int, default=256)
+    parser.add_argument(
+        "--cold-fraction",
+        type=int,
+        default=10,
+        help="first_read_source reads 1/N of the files (the source is the slow part)",
+    )
+    parser.add_argument("--workdir", default="/tmp/cachefs-native-bench")
+    parser.add_argument("--json", help="write the JSON here instead of stdout")
+    parser.add_argument("--save-dir", help="write <dir>/<date>.json and .md")
+    args = parser.parse_args(argv)
+    os.makedirs(args.workdir, exist_ok=True)
+    return run_and_report("native_read_bench", args, run_benchmark, render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The Python side of the native READ fast path: what may enter its table, and when it leaves.
+
+The patched pyfuse3 (third_party/pyfuse3/build.py, ``cachefs_fast_read.c``) answers a READ in C
+when every block it touches is in a table of (inode, block index) → block file, length, chunk
+checksums; anything else falls through to the Python handler. This module is the only writer
+of that table, and keeps it coherent with the cache and the snapshots:
+
+* **In**: a block enters only when the RAM tier holds it with its chunk checksums (it was
+  admitted and verified), under the inode of the snapshot served now. :class:`FileSystem`
+  registers the blocks of a file when the kernel looks the file up (its READs follow; a training
+  job lists, then reads), and after a Python READ the blocks it touched and the next ones. A
+  registration made after an ``await`` names the snapshot generation it started in and is
+  dropped if a refresh or a dataset change came in between.
+* **Out, before the space goes**: the cache calls :meth:`NativeReads.forget_file` before it
+  removes any block file (eviction, ``dataset rm``, cleanup, hand-off trims, promotion: every
+  removal goes through ``Tier.remove_block``); a snapshot swap or a dataset removal forgets the
+  dataset's inodes before the new state is served. The C side holds its mutex from lookup to
+  close() of every READ, so when a forget returns no READ has the file open any more.
+* **Checked every time**: the C READ checks every chunk it reads against the checksums; a file
+  that is gone, short or corrupt is dropped from the table and the READ goes to Python, which
+  drops the block from the cache and fetches it again.
+* **Bounded**: no descriptor outlives a READ, and the table keeps at most
+  :data:`NATIVE_READ_BLOCKS` blocks (the oldest registration goes first).
+
+Only no-open mode uses it: there every READ of an inode reads the snapshot served now, which is
+what the table holds. With open handles a file opened before a refresh keeps its old version,
+which a table keyed by inode could not tell apart.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+from cachefs.cache.base import CHUNK_SIZE, BlockCache
+from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+
+#: Most blocks the native table keeps (~200 bytes each with its path and checksums).
+NATIVE_READ_BLOCKS = 1 << 18
+#: Blocks of a file registered when it is looked up (its first blocks) ...
+BLOCKS_PER_LOOKUP = 64
+#: ... and after a Python READ: the blocks it touched and up to this many after them.
+BLOCKS_AHEAD_OF_READ = 16
+#: The tier whose blocks the C side reads (a pread from tmpfs: microseconds, fine to do while
+#: holding the FUSE loop; an SSD read is not).
+NATIVE_TIER = "ram"
+
+
+class NativeReadTable(Protocol):
+    """The table in the FUSE binding (the pyfuse3 patch's ``fast_read_*`` functions)."""
+
+    def configure(self, chunk_size: int, max_blocks: int) -> None: ...
+
+    def register(
+        self,
+        ino: int,
+        index: int,
+        block_size: int,
+        file_size: int,
+        file_id: int,
+        path: bytes,
+        length: int,
+        chunk_checksums: bytes,
+    ) -> bool: ...
+
+    def forget_file(self, file_id: int) -> None: ...
+
+    def forget_inodes(self, lo: int, hi: int) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+class NativeReads:
+    """Fills and empties a :class:`NativeReadTable` from the cache's RAM tier."""
+
+    def __init__(
+        self, table: NativeReadTable, cache: BlockCache, reader: BlockReader,
+        max_blocks: int = NATIVE_READ_BLOCKS,
+    ) -> None:  # fmt: skip
+        self.table = table
+        self._cache = cache
+        self._reader = reader
+        table.clear()
+        table.configure(CHUNK_SIZE, max_blocks)
+        cache.on_remove(table.forget_file)
+
+    def register_blocks(
+        self, ino: int, source: DataSource, version: FileVersion, first: int, count: int
+    ) -> int:
+        """Register blocks ``first .. first+count-1`` of a file that the RAM tier holds; returns
+        how many were registered. Call only with the version the current snapshot serves."""
+        block_size = source.block_size
+        last = min(first + count, -(-version.size // block_size)) - 1
+        registered = 0
+        for index in range(first, last + 1):
+            key = self._reader.block_key(source, version, index)
+            found = self._cache.chunked_block_file(key, tier=NATIVE_TIER)
+            if found is not None and self.table.register(
+                ino, index, block_size, version.size, found.file_id, os.fsencode(found.path),
+                found.size, found.chunk_checksums,
+            ):  # fmt: skip
+                registered += 1
+        return registered
+
+    def forget_inodes(self, lo: int, hi: int) -> None:
+        self.table.forget_inodes(lo, hi)
+
+    def close(self) -> None:
+        """Empty the table and detach from the cache (the worker is stopping)."""
+        self._cache.on_remove(None)
+        self.table.clear()
+
+    def stats(self) -> dict[str, int]:
+        return self.table.stats()

@@ -1,0 +1,93 @@
+"""What the kernel keeps so that requests never reach Python: directory listings (the pyfuse3
+patch's FOPEN_CACHE_DIR, invalidated by a refresh that changes a directory), "no extended
+attributes" (ENOSYS, remembered for the mount), and the first read of a listed file costing one
+READ and nothing else. Real worker processes and mounts; FUSE requests counted by the worker's
+own per-operation metrics and the native path's counters."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
+from tests.fs.test_native_reads import drop_pages_keep_dentries, make_source, native_stats
+from tests.fs.test_no_open import fuse_op_count
+from tests.worker_process import WorkerProcess
+
+needs_patch = pytest.mark.skipif(
+    not FAST_READ_SUPPORTED, reason="stock pyfuse3: run scripts/setup.sh to build the patched one"
+)
+
+
+@pytest.fixture
+def worker(tmp_path):
+    make_source(
+        tmp_path / "src",
+        {f"c{c}/f{i}.bin": bytes([c, i]) * 5000 for c in range(3) for i in range(20)},
+    )
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    worker.add_dataset("ds", f"file://{tmp_path / 'src'}")
+    yield worker
+    worker.cleanup()
+
+
+def fuse_errors(worker: WorkerProcess) -> int:
+    return sum(
+        int(float(line.split()[-1]))
+        for line in worker.client.metrics().splitlines()
+        if line.startswith("cachefs_fuse_errors_total")
+    )
+
+
+@needs_patch
+def test_warm_listings_stay_in_the_kernel_and_a_refresh_shows_changes(worker, tmp_path):
+    directory = worker.path("ds", "c1")
+    assert sorted(os.listdir(directory)) == sorted(f"f{i}.bin" for i in range(20))
+    assert len(os.listdir(worker.path("ds", "c2"))) == 20
+    listings = fuse_op_count(worker, "readdir")
+    for _ in range(3):
+        assert len(os.listdir(directory)) == 20
+    assert fuse_op_count(worker, "readdir") == listings  # kept by the kernel
+
+    (tmp_path / "src" / "c1" / "new.bin").write_bytes(b"n")
+    os.unlink(tmp_path / "src" / "c1" / "f0.bin")
+    result = worker.client.refresh_dataset("ds")
+    assert result["removed"] == 1
+    names = os.listdir(directory)
+    assert "new.bin" in names and "f0.bin" not in names and len(names) == 20
+    with open(os.path.join(directory, "new.bin"), "rb") as f:
+        assert f.read() == b"n"
+    # A directory the refresh did not change keeps its cached listing.
+    others = fuse_op_count(worker, "readdir")
+    assert len(os.listdir(worker.path("ds", "c2"))) == 20
+    assert fuse_op_count(worker, "readdir") == others
+
+
+def test_extended_attributes_are_refused_once_for_the_whole_mount(worker):
+    for i in range(20):
+        path = worker.path("ds", "c0", f"f{i}.bin")
+        with pytest.raises(OSError) as info:
+            os.getxattr(path, "security.selinux")
+        assert info.value.errno == 95  # EOPNOTSUPP
+        with pytest.raises(OSError):
+            os.listxattr(path)
+    # ENOSYS answered at most once per call kind; the kernel answered the rest itself.
+    assert fuse_errors(worker) <= 2
+
+
+@needs_patch
+def test_the_first_read_of_a_listed_file_is_one_read_and_nothing_else(worker):
+    paths = [worker.path("ds", "c2", f"f{i}.bin") for i in range(20)]
+    for path in paths:  # cached in the RAM tier; dentries and attributes in the kernel
+        with open(path, "rb") as f:
+            assert f.read() == bytes([2, paths.index(path)]) * 5000
+    drop_pages_keep_dentries()
+    ops = ("lookup", "getattr", "open", "read", "readdir")
+    before = {op: fuse_op_count(worker, op) for op in ops}
+    native_before = native_stats(worker)["reads"]
+    for i, path in enumerate(paths):
+        with open(path, "rb") as f:
+            assert f.read() == bytes([2, i]) * 5000
+    assert {op: fuse_op_count(worker, op) for op in ops} == before  # nothing reached Python
+    assert native_stats(worker)["reads"] - native_before == len(paths)  # one READ per file

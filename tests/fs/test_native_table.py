@@ -1,0 +1,99 @@
+"""The native READ table of the patched pyfuse3 (cachefs_fast_read.c), without a mount: what it
+accepts, what its forgets remove, its size bound; and NativeReads filling it from a real
+TieredBlockCache and emptying it when the cache removes a block file. The READs it answers are
+tested through real mounts in test_native_reads.py."""
+
+from __future__ import annotations
+
+import pytest
+import xxhash
+
+from cachefs.cache import TierConfig, TieredBlockCache
+from cachefs.cache.base import CHUNK_SIZE, BlockKey
+from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED, native_read_table
+from cachefs.fs.native_reads import NativeReads
+from cachefs.metrics import WorkerMetrics
+
+pytestmark = pytest.mark.skipif(
+    not FAST_READ_SUPPORTED, reason="stock pyfuse3: run scripts/setup.sh to build the patched one"
+)
+
+SUMS_ONE_CHUNK = b"\0" * 8
+
+
+@pytest.fixture
+def table():
+    table = native_read_table(True, True)
+    table.clear()
+    table.configure(CHUNK_SIZE, 1000)
+    yield table
+    table.clear()
+
+
+def test_registrations_are_checked_and_forgets_remove_exactly_theirs(table):
+    # A file of 3 blocks of 100 bytes (the last one 50): block 2 must say 50 bytes.
+    assert table.register(10, 0, 100, 250, 1, b"/x/a", 100, SUMS_ONE_CHUNK)
+    assert table.register(10, 2, 100, 250, 2, b"/x/b", 50, SUMS_ONE_CHUNK)
+    assert not table.register(10, 2, 100, 250, 3, b"/x/c", 100, SUMS_ONE_CHUNK)  # wrong length
+    assert not table.register(10, 3, 100, 250, 3, b"/x/c", 0, b"")  # past the end
+    assert not table.register(11, 0, 100, 80, 4, b"/x/d", 80, b"")  # no checksum for a chunk
+    assert table.register(11, 0, 100, 80, 5, b"/x/e", 80, SUMS_ONE_CHUNK)
+    assert table.register(12, 0, 100, 80, 5, b"/x/e", 80, SUMS_ONE_CHUNK)  # same file, 2 inodes
+    stats = table.stats()
+    assert (stats["blocks"], stats["files"], stats["refused"]) == (4, 3, 3)
+
+    table.forget_file(5)  # both inodes' blocks of that cache file
+    assert (table.stats()["blocks"], table.stats()["files"]) == (2, 1)
+    table.forget_inodes(10, 10)
+    assert (table.stats()["blocks"], table.stats()["files"]) == (0, 0)
+
+
+def test_a_new_version_of_a_file_replaces_every_block_of_the_old(table):
+    assert table.register(20, 0, 100, 150, 1, b"/x/a", 100, SUMS_ONE_CHUNK)
+    assert table.register(20, 1, 100, 150, 2, b"/x/b", 50, SUMS_ONE_CHUNK)
+    assert table.register(20, 0, 100, 120, 3, b"/x/c", 100, SUMS_ONE_CHUNK)  # other size
+    assert table.stats()["blocks"] == 1
+    table.forget_file(2)  # the old version's block is gone already: nothing else goes
+    assert table.stats()["blocks"] == 1
+
+
+def test_the_table_keeps_at_most_its_limit_dropping_the_oldest(table):
+    table.configure(CHUNK_SIZE, 3)
+    for ino in range(1, 6):
+        assert table.register(ino, 0, 100, 10, ino, b"/x/%d" % ino, 10, SUMS_ONE_CHUNK)
+    stats = table.stats()
+    assert (stats["blocks"], stats["limit_drops"]) == (3, 2)
+    table.forget_inodes(1, 2)  # already dropped: nothing happens
+    table.forget_inodes(3, 3)
+    assert table.stats()["blocks"] == 2
+    table.configure(CHUNK_SIZE, 0)  # off: nothing is kept
+    assert table.stats()["blocks"] == 0
+    assert not table.register(9, 0, 100, 10, 9, b"/x/9", 10, SUMS_ONE_CHUNK)
+
+
+def test_native_reads_registers_ram_tier_blocks_and_forgets_them_on_removal(tmp_path, table):
+    ram = TierConfig("ram", str(tmp_path / "ram"), 2 * 4096, 0)  # two blocks: the rest to SSD
+    ssd = TierConfig("ssd", str(tmp_path / "ssd"), 1 << 20, 0)
+    with TieredBlockCache(str(tmp_path / "index"), [ram, ssd]) as cache:
+        reader = BlockReader(cache, WorkerMetrics())
+        native = NativeReads(table, cache, reader, max_blocks=100)
+        source = DataSource("ds", store=None, source_id=7, block_size=4096)
+        version = FileVersion("a.bin", "etag-1", 3 * 4096 + 10)
+        keys = [BlockKey.make(7, "a.bin", "etag-1", index) for index in range(4)]
+        data = [bytes([i]) * min(4096, version.size - i * 4096) for i in range(4)]
+        for index in (0, 1, 3):  # block 2 is not cached
+            cache.put(keys[index], data[index])
+        assert [cache.locate(keys[i]) for i in (0, 1, 3)] == ["ram", "ram", "ssd"]
+        # The native path reads only the RAM tier.
+        assert native.register_blocks(99, source, version, 0, 10) == 2
+        found = cache.chunked_block_file(keys[0], tier="ram")
+        assert found.size == 4096 and found.chunk_checksums == xxhash.xxh3_64_digest(data[0])
+        assert cache.chunked_block_file(keys[3], tier="ram") is None
+        assert cache.chunked_block_file(keys[3], tier="ssd") is not None
+
+        cache.evict(keys[1])  # every removal goes through the cache's hook
+        assert table.stats()["blocks"] == 1
+        cache.evict_source(7)
+        assert table.stats()["blocks"] == 0
+        native.close()

@@ -1,0 +1,409 @@
+/* cachefs's native READ fast path (see cachefs_fast_read.h for what it is).
+ *
+ * Coherence rules (what makes "never a wrong byte" hold; cachefs/fs/native_reads.py keeps the
+ * Python side of them):
+ *  1. A block enters the table only from cachefs, after the cache admitted it and stored its
+ *     chunk checksums, and only for the snapshot generation it was looked up in.
+ *  2. Every READ answered here checks every chunk it reads against those checksums; a file that
+ *     is gone, short or fails a checksum drops the block and hands the READ to Python, which
+ *     drops the block from the cache and fetches it again.
+ *  3. Before the cache removes a block file (eviction, dataset removal, cleanup, hand-off trims,
+ *     promotion), cachefs calls cfr_forget_file(); before a snapshot swap or a dataset removal
+ *     becomes visible, cfr_forget_inodes() over the dataset's inodes. Both take the table's
+ *     mutex, which a READ holds from its lookup to its close(): once they return, no READ has
+ *     the file open or can open it again, so the file's space is released when it is unlinked
+ *     and a refreshed file is never served from its old blocks.
+ *  4. No descriptor outlives a READ (open, pread, close), so the table's size never touches the
+ *     process's fd limit; its memory is bounded by cfr_configure()'s max_blocks (the oldest
+ *     registration goes first).
+ */
+#define _GNU_SOURCE
+#include "cachefs_fast_read.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+/* A file with more blocks than this is never registered (its block array would be huge). */
+#define MAX_FILE_BLOCKS (1u << 16)
+
+typedef struct cfr_file cfr_file;
+
+typedef struct cfr_block {
+    cfr_file *file;
+    uint64_t index;
+    uint64_t length;
+    uint64_t file_id;
+    struct cfr_block *next_by_id; /* chain of the by-file-id table */
+    struct cfr_block *older;      /* age list: the size limit drops the oldest */
+    struct cfr_block *newer;
+    uint64_t nchunks;
+    uint64_t *sums;               /* host order, nchunks of them */
+    char *path;
+} cfr_block;
+
+struct cfr_file {
+    uint64_t ino;
+    uint64_t block_size;
+    uint64_t file_size;
+    uint64_t nblocks;
+    uint64_t held;                /* blocks of it in the table */
+    cfr_file *next_by_ino;        /* chain of the by-inode table */
+    cfr_file *prev_all, *next_all;
+    cfr_block *blocks[];          /* nblocks slots, NULL where not registered */
+};
+
+typedef struct {
+    void **slots;
+    uint64_t mask;                /* slot count - 1 (a power of two), or 0 before first use */
+} table_t;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t chunk_size = 128 << 10;
+static uint64_t max_blocks = 1 << 18;
+static table_t by_ino, by_id;
+static cfr_file *all_files;
+static cfr_block *oldest, *newest;
+static cfr_stats_t stats;
+static unsigned char *out_buf, *scratch_buf;
+static size_t out_cap, scratch_cap;
+
+static inline uint64_t slot_of(const table_t *t, uint64_t key) {
+    return (key * 0x9E3779B97F4A7C15ull) >> 17 & t->mask;
+}
+
+/* ---- the two hash tables (chained; they grow, never shrink) ---- */
+
+static cfr_file *find_file(fuse_ino_t ino) {
+    if (!by_ino.mask) return NULL;
+    for (cfr_file *f = by_ino.slots[slot_of(&by_ino, ino)]; f; f = f->next_by_ino)
+        if (f->ino == ino) return f;
+    return NULL;
+}
+
+static int grow(table_t *t, uint64_t count, int is_files) {
+    if (t->mask && count <= t->mask + 1) return 0;
+    uint64_t size = t->mask ? (t->mask + 1) * 2 : 1024;
+    void **slots = calloc(size, sizeof(void *));
+    if (!slots) return -1;
+    table_t bigger = {slots, size - 1};
+    for (uint64_t i = 0; t->mask && i <= t->mask; i++) {
+        void *item = t->slots[i];
+        while (item) {
+            void *next;
+            uint64_t s;
+            if (is_files) {
+                cfr_file *f = item;
+                next = f->next_by_ino;
+                s = slot_of(&bigger, f->ino);
+                f->next_by_ino = slots[s];
+            } else {
+                cfr_block *b = item;
+                next = b->next_by_id;
+                s = slot_of(&bigger, b->file_id);
+                b->next_by_id = slots[s];
+            }
+            slots[s] = item;
+            item = next;
+        }
+    }
+    free(t->slots);
+    *t = bigger;
+    return 0;
+}
+
+static void unlink_file(cfr_file *f) {
+    cfr_file **p = (cfr_file **)&by_ino.slots[slot_of(&by_ino, f->ino)];
+    while (*p != f) p = &(*p)->next_by_ino;
+    *p = f->next_by_ino;
+    if (f->prev_all) f->prev_all->next_all = f->next_all;
+    else all_files = f->next_all;
+    if (f->next_all) f->next_all->prev_all = f->prev_all;
+    stats.files--;
+    free(f);
+}
+
+static void remove_block(cfr_block *b) {
+    cfr_block **p = (cfr_block **)&by_id.slots[slot_of(&by_id, b->file_id)];
+    while (*p != b) p = &(*p)->next_by_id;
+    *p = b->next_by_id;
+    if (b->older) b->older->newer = b->newer;
+    else oldest = b->newer;
+    if (b->newer) b->newer->older = b->older;
+    else newest = b->older;
+    cfr_file *f = b->file;
+    f->blocks[b->index] = NULL;
+    stats.blocks--;
+    free(b);
+    if (--f->held == 0) unlink_file(f);
+}
+
+static void remove_file(cfr_file *f) {
+    for (uint64_t i = 0; i < f->nblocks && f->held > 1; i++)
+        if (f->blocks[i]) remove_block(f->blocks[i]);
+    for (uint64_t i = 0; i < f->nblocks; i++)
+        if (f->blocks[i]) { remove_block(f->blocks[i]); return; } /* frees f */
+}
+
+/* ---- what cachefs calls ---- */
+
+void cfr_configure(uint64_t new_chunk_size, uint64_t new_max_blocks) {
+    pthread_mutex_lock(&lock);
+    if (new_chunk_size != chunk_size) { /* the stored checksums would not match: start empty */
+        while (all_files) remove_file(all_files);
+        chunk_size = new_chunk_size;
+    }
+    max_blocks = new_max_blocks;
+    while (stats.blocks > max_blocks && oldest) {
+        stats.limit_drops++;
+        remove_block(oldest);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
+                 uint64_t file_id, const char *path, uint64_t length,
+                 const unsigned char *sums, size_t sums_len) {
+    if (block_size == 0 || chunk_size == 0 || max_blocks == 0) return -1;
+    uint64_t nblocks = (file_size + block_size - 1) / block_size;
+    uint64_t start = index * block_size;
+    uint64_t nchunks = (length + chunk_size - 1) / chunk_size;
+    uint64_t expected = file_size - start < block_size ? file_size - start : block_size;
+    if (nblocks > MAX_FILE_BLOCKS || index >= nblocks || length != expected ||
+        sums_len != nchunks * 8) {
+        pthread_mutex_lock(&lock);
+        stats.refused++;
+        pthread_mutex_unlock(&lock);
+        return -1;
+    }
+    size_t path_len = strlen(path) + 1;
+    cfr_block *b = malloc(sizeof(*b) + nchunks * 8 + path_len);
+    if (!b) return -1;
+    b->index = index;
+    b->length = length;
+    b->file_id = file_id;
+    b->nchunks = nchunks;
+    b->sums = (uint64_t *)(b + 1);
+    for (uint64_t c = 0; c < nchunks; c++) {
+        uint64_t v = 0;
+        for (int k = 0; k < 8; k++) v = v << 8 | sums[c * 8 + (uint64_t)k];
+        b->sums[c] = v;
+    }
+    b->path = (char *)(b->sums + nchunks);
+    memcpy(b->path, path, path_len);
+
+    pthread_mutex_lock(&lock);
+    cfr_file *f = find_file(ino);
+    if (f && (f->block_size != block_size || f->file_size != file_size)) {
+        remove_file(f); /* another version of the file: none of its blocks may stay */
+        f = NULL;
+    }
+    if (!f) {
+        if (grow(&by_ino, stats.files + 1, 1) != 0 ||
+            !(f = calloc(1, sizeof(*f) + nblocks * sizeof(cfr_block *)))) {
+            stats.refused++;
+            pthread_mutex_unlock(&lock);
+            free(b);
+            return -1;
+        }
+        f->ino = ino;
+        f->block_size = block_size;
+        f->file_size = file_size;
+        f->nblocks = nblocks;
+        uint64_t s = slot_of(&by_ino, ino);
+        f->next_by_ino = by_ino.slots[s];
+        by_ino.slots[s] = f;
+        f->next_all = all_files;
+        if (all_files) all_files->prev_all = f;
+        all_files = f;
+        stats.files++;
+    }
+    if (grow(&by_id, stats.blocks + 1, 0) != 0) {
+        stats.refused++;
+        if (!f->held) unlink_file(f);
+        pthread_mutex_unlock(&lock);
+        free(b);
+        return -1;
+    }
+    if (f->blocks[index]) {
+        f->held++; /* keeps f alive while its old block goes */
+        remove_block(f->blocks[index]);
+        f->held--;
+    }
+    b->file = f;
+    f->blocks[index] = b;
+    f->held++;
+    uint64_t s = slot_of(&by_id, file_id);
+    b->next_by_id = by_id.slots[s];
+    by_id.slots[s] = b;
+    b->newer = NULL;
+    b->older = newest;
+    if (newest) newest->newer = b;
+    else oldest = b;
+    newest = b;
+    stats.blocks++;
+    stats.registered++;
+    while (stats.blocks > max_blocks) {
+        stats.limit_drops++;
+        remove_block(oldest);
+    }
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+void cfr_forget_file(uint64_t file_id) {
+    pthread_mutex_lock(&lock);
+    if (by_id.mask) {
+        cfr_block *b = by_id.slots[slot_of(&by_id, file_id)];
+        while (b) {
+            cfr_block *next = b->next_by_id;
+            if (b->file_id == file_id) remove_block(b);
+            b = next;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void cfr_forget_inodes(uint64_t lo, uint64_t hi) {
+    pthread_mutex_lock(&lock);
+    cfr_file *f = all_files;
+    while (f) {
+        cfr_file *next = f->next_all;
+        if (f->ino >= lo && f->ino <= hi) remove_file(f);
+        f = next;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void cfr_clear(void) {
+    cfr_forget_inodes(0, UINT64_MAX);
+}
+
+void cfr_get_stats(cfr_stats_t *out) {
+    pthread_mutex_lock(&lock);
+    *out = stats;
+    pthread_mutex_unlock(&lock);
+}
+
+static int cache_listings;
+
+void cfr_set_cache_listings(int on) {
+    cache_listings = on;
+}
+
+void cfr_mark_listing(struct fuse_file_info *fi) {
+    if (cache_listings) {
+        fi->cache_readdir = 1;
+        fi->keep_cache = 1;
+    }
+}
+
+int cfr_fd_readable(int fd, int wait_us) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    struct timespec wait = {.tv_sec = 0, .tv_nsec = (long)wait_us * 1000};
+    return ppoll(&p, 1, &wait, NULL) == 1 && (p.revents & POLLIN);
+}
+
+/* ---- the READ ---- */
+
+static int reserve(unsigned char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    unsigned char *bigger = realloc(*buf, need);
+    if (!bigger) return -1;
+    *buf = bigger;
+    *cap = need;
+    return 0;
+}
+
+/* Read `len` bytes at `at` of the block's file into `dst` and check every chunk (the span is
+ * chunk-aligned and holds whole chunks, except the block's last). 0 when good; else the block
+ * is dropped from the table and -1 returned. A descriptor never outlives this call. */
+static int read_checked(cfr_block *b, unsigned char *dst, uint64_t at, uint64_t len) {
+    int fd = open(b->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) { /* removed behind the table's back: forget it */
+            stats.vanished++;
+            remove_block(b);
+        }
+        return -1;
+    }
+    uint64_t done = 0;
+    while (done < len) {
+        ssize_t n = pread(fd, dst + done, len - done, (off_t)(at + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        done += (uint64_t)n;
+    }
+    close(fd);
+    if (done != len) {
+        stats.vanished++;
+        remove_block(b);
+        return -1;
+    }
+    for (uint64_t k = 0; k < len; k += chunk_size) {
+        uint64_t n = len - k < chunk_size ? len - k : chunk_size;
+        if (XXH3_64bits(dst + k, n) != b->sums[(at + k) / chunk_size]) {
+            stats.corrupt++;
+            remove_block(b);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
+    if (off < 0) return 0;
+    pthread_mutex_lock(&lock);
+    cfr_file *f = find_file(ino);
+    if (!f) goto fall_through_quietly;
+    uint64_t begin = (uint64_t)off;
+    uint64_t end = begin + size < f->file_size ? begin + size : f->file_size;
+    uint64_t pos = 0;
+    if (begin < end) {
+        uint64_t bs = f->block_size;
+        for (uint64_t i = begin / bs; i <= (end - 1) / bs; i++)
+            if (!f->blocks[i]) goto fall_through;
+        if (reserve(&out_buf, &out_cap, end - begin) != 0) goto fall_through;
+        for (uint64_t i = begin / bs; i <= (end - 1) / bs; i++) {
+            cfr_block *b = f->blocks[i];
+            uint64_t block_start = i * bs;
+            uint64_t lo = (begin > block_start ? begin : block_start) - block_start;
+            uint64_t hi = (end < block_start + b->length ? end : block_start + b->length) -
+                          block_start;
+            uint64_t span_lo = lo - lo % chunk_size;
+            uint64_t span_hi = hi + (chunk_size - hi % chunk_size) % chunk_size;
+            if (span_hi > b->length) span_hi = b->length;
+            if (span_lo == lo && span_hi == hi) { /* aligned: read straight into the reply */
+                if (read_checked(b, out_buf + pos, lo, hi - lo) != 0) goto fall_through;
+            } else {
+                if (reserve(&scratch_buf, &scratch_cap, span_hi - span_lo) != 0 ||
+                    read_checked(b, scratch_buf, span_lo, span_hi - span_lo) != 0)
+                    goto fall_through;
+                memcpy(out_buf + pos, scratch_buf + (lo - span_lo), hi - lo);
+            }
+            pos += hi - lo;
+        }
+    }
+    stats.reads++;
+    stats.first_reads += off == 0;
+    stats.bytes += pos;
+    /* Replied under the lock: out_buf is shared, and the reply is one writev. Its error (the
+     * request was interrupted) needs nothing from us: the request is answered either way. */
+    fuse_reply_buf(req, (const char *)out_buf, pos);
+    pthread_mutex_unlock(&lock);
+    return 1;
+
+fall_through:
+    stats.fallbacks++;
+fall_through_quietly:
+    pthread_mutex_unlock(&lock);
+    return 0;
+}

@@ -1,0 +1,61 @@
+/* cachefs's native READ fast path, compiled into pyfuse3 by third_party/pyfuse3/build.py.
+ *
+ * A table, filled and emptied by cachefs (Python), says where the verified bytes of a file's
+ * cached blocks are: (inode, block index) -> block file path, length, chunk checksums. pyfuse3's
+ * fuse_read() first offers each READ to cfr_try_read(): when every block the request touches
+ * is in the table, the request is answered here (open, pread, xxh3 check of every chunk read,
+ * close, fuse_reply_buf) without a Python handler or a trio task; otherwise (or on any error or
+ * checksum mismatch) it returns 0 and the request goes to cachefs's Python handler unchanged.
+ * The rules that keep the table coherent with the cache are in cachefs_fast_read.c.
+ */
+#ifndef CACHEFS_FAST_READ_H
+#define CACHEFS_FAST_READ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <fuse_lowlevel.h>
+
+typedef struct {
+    uint64_t reads;        /* READs answered here */
+    uint64_t first_reads;  /* ... of them at offset 0 (a file's first READ) */
+    uint64_t bytes;        /* bytes replied by them */
+    uint64_t fallbacks;    /* READs of a registered inode handed to Python (block missing) */
+    uint64_t vanished;     /* blocks dropped from the table: file gone or short */
+    uint64_t corrupt;      /* blocks dropped from the table: a chunk failed its checksum */
+    uint64_t blocks;       /* blocks in the table now */
+    uint64_t files;        /* inodes in the table now */
+    uint64_t registered;   /* registrations accepted since start */
+    uint64_t refused;      /* registrations refused (inconsistent, or too many blocks) */
+    uint64_t limit_drops;  /* blocks pushed out of the table by its size limit */
+} cfr_stats_t;
+
+/* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE) and the most blocks kept. */
+void cfr_configure(uint64_t chunk_size, uint64_t max_blocks);
+
+/* Register block `index` of inode `ino`: `length` bytes at offset 0 of the file at `path`,
+ * whose chunks have the big-endian xxh3_64 digests `sums` (8 bytes each). Returns 0 when kept,
+ * -1 when refused (inconsistent sizes, no room for its file's block array, out of memory). */
+int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
+                 uint64_t file_id, const char *path, uint64_t length,
+                 const unsigned char *sums, size_t sums_len);
+
+/* Drop every block whose cache file has this id (called before the file is removed). */
+void cfr_forget_file(uint64_t file_id);
+/* Drop every inode in [lo, hi] (a dataset removed or its snapshot swapped). */
+void cfr_forget_inodes(uint64_t lo, uint64_t hi);
+void cfr_clear(void);
+void cfr_get_stats(cfr_stats_t *out);
+
+/* Answer a READ if every byte it asks for is in the table: 1 when replied, 0 to fall through. */
+int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
+
+/* Directory listings: when on, OPENDIR replies let the kernel keep a directory's listing
+ * (FOPEN_CACHE_DIR + keep_cache) until cachefs invalidates the directory's inode. */
+void cfr_set_cache_listings(int on);
+void cfr_mark_listing(struct fuse_file_info *fi);
+
+/* 1 if `fd` has data to read within `wait_us` microseconds (0: right now). */
+int cfr_fd_readable(int fd, int wait_us);
+
+#endif

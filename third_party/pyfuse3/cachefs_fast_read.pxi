@@ -1,0 +1,89 @@
+'''
+cachefs_fast_read.pxi — cachefs's patch: the Python API of the native READ fast path.
+
+Included by __init__.pyx (third_party/pyfuse3/build.py adds the include). The table and the
+READ itself are in cachefs_fast_read.c; cachefs/fs/native_reads.py keeps the table coherent.
+'''
+
+from libc.stdint cimport uint64_t
+
+cdef extern from "cachefs_fast_read.h":
+    ctypedef struct cfr_stats_t:
+        uint64_t reads
+        uint64_t first_reads
+        uint64_t bytes
+        uint64_t fallbacks
+        uint64_t vanished
+        uint64_t corrupt
+        uint64_t blocks
+        uint64_t files
+        uint64_t registered
+        uint64_t refused
+        uint64_t limit_drops
+    void cfr_configure(uint64_t chunk_size, uint64_t max_blocks)
+    int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
+                     uint64_t file_id, const char *path, uint64_t length,
+                     const unsigned char *sums, size_t sums_len)
+    void cfr_forget_file(uint64_t file_id)
+    void cfr_forget_inodes(uint64_t lo, uint64_t hi)
+    void cfr_clear()
+    void cfr_get_stats(cfr_stats_t *out)
+    int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off)
+    int cfr_fd_readable(int fd, int wait_us)
+    void cfr_set_cache_listings(int on)
+    void cfr_mark_listing(fuse_file_info *fi)
+
+#: True: this pyfuse3 answers READs of registered blocks in C.
+FAST_READ = True
+#: Requests the session loop takes from /dev/fuse in a row, while each is answered in C,
+#: before it goes back to trio (so other tasks still run under a stream of fast reads) ...
+cdef int FAST_BATCH = 64
+#: ... each waited for at most this long: a reader that reads file after file sends its next
+#: READ within tens of microseconds, and waiting here for it costs less than a trip through
+#: trio's scheduler. Bounds the loop's stall to FAST_BATCH * FAST_WAIT_US (3.2 ms).
+cdef int FAST_WAIT_US = 50
+
+
+def fast_read_configure(uint64_t chunk_size, uint64_t max_blocks):
+    '''Set the checksum chunk size and the most blocks the table keeps (0: keep none).'''
+    cfr_configure(chunk_size, max_blocks)
+
+
+def fast_read_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
+                       uint64_t file_id, bytes path, uint64_t length, bytes chunk_sums):
+    '''Register block ``index`` of inode ``ino``; False if refused.'''
+    return cfr_register(ino, index, block_size, file_size, file_id, path, length,
+                        <const unsigned char *> (<const char *> chunk_sums),
+                        len(chunk_sums)) == 0
+
+
+def fast_read_forget_file(uint64_t file_id):
+    '''Drop every block whose cache file has this id (call before removing the file).'''
+    cfr_forget_file(file_id)
+
+
+def fast_read_forget_inodes(uint64_t lo, uint64_t hi):
+    '''Drop every inode in [lo, hi].'''
+    cfr_forget_inodes(lo, hi)
+
+
+def fast_read_clear():
+    cfr_clear()
+
+
+def cache_listings(bint on):
+    '''Let the kernel keep directory listings (FOPEN_CACHE_DIR on every OPENDIR reply) until
+    the directory's inode is invalidated (invalidate_inode), or stop doing so.'''
+    cfr_set_cache_listings(on)
+
+
+def fast_read_stats():
+    '''The table's counters (see cachefs_fast_read.h).'''
+    cdef cfr_stats_t s
+    cfr_get_stats(&s)
+    return {
+        'reads': s.reads, 'first_reads': s.first_reads, 'bytes': s.bytes,
+        'fallbacks': s.fallbacks, 'vanished': s.vanished, 'corrupt': s.corrupt,
+        'blocks': s.blocks, 'files': s.files, 'registered': s.registered,
+        'refused': s.refused, 'limit_drops': s.limit_drops,
+    }
