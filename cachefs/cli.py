@@ -278,7 +278,8 @@ def cmd_status(args) -> int:
         print(
             f"native reads: {fast['reads']} READs answered in C ({format_size(fast['bytes'])}), "
             f"{fast['fallbacks']} handed to Python; {fast['blocks']} blocks servable; "
-            f"dropped {fast['vanished']} vanished, {fast['corrupt']} corrupt"
+            f"dropped {fast['vanished']} vanished, {fast['corrupt']} corrupt; "
+            f"{fast['lookups']} LOOKUPs answered in C"
         )
     cache = status["cache"]
     print(

@@ -263,6 +263,11 @@ class _WorkerCollector(Collector):
             "READs of a natively served file handed to Python (a block not in the table)",
             value=native.get("fallbacks", 0),
         )
+        yield CounterMetricFamily(
+            "cachefs_fuse_fast_lookups",
+            "FUSE LOOKUPs answered natively from remembered replies instead of in Python",
+            value=native.get("lookups", 0),
+        )
         dropped = CounterMetricFamily(
             "cachefs_fuse_fast_read_dropped",
             "Blocks the native path dropped from its table on a READ (the READ went to Python)",

@@ -26,7 +26,7 @@ from cachefs.errors import (
     ReadOnly,
     StoreError,
 )
-from cachefs.fs.core import SLOT_SHIFT, Attr, FileSystem
+from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, Attr, FileSystem
 from cachefs.fs.native_reads import NativeReadTable
 from cachefs.metrics import WorkerMetrics
 
@@ -94,6 +94,11 @@ class FuseOperations(pyfuse3.Operations):
         self._getattr_latency = metrics.fuse_latency.get("getattr")
         self._open_latency = metrics.fuse_latency.get("open")
         self._readdir_latency = metrics.fuse_latency.get("readdir")
+        # The binding's native table (set by the worker when the native path serves): LOOKUP
+        # replies are remembered there, and answered in C when the kernel asks again after it
+        # dropped the dentry (memory pressure, `echo 3 > drop_caches`). Forgotten with the
+        # dataset's inodes on a refresh or removal (FileSystem._changed).
+        self.native_lookups: _PyfuseNativeReadTable | None = None
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -127,11 +132,15 @@ class FuseOperations(pyfuse3.Operations):
     async def lookup(self, parent_inode, name, ctx=None):
         began = time.perf_counter()
         try:
-            return self._entry(self.fs.lookup(parent_inode, name))
+            entry = self._entry(self.fs.lookup(parent_inode, name))
         except Exception as exc:
             raise self._fail(exc, "lookup") from None
         finally:
             self._lookup_latency.observe(time.perf_counter() - began)
+        # Not the datasets under the mount root: adding one changes no inode range to forget.
+        if self.native_lookups is not None and parent_inode != MOUNT_ROOT:
+            self.native_lookups.register_dentry(parent_inode, name, entry)
+        return entry
 
     async def getattr(self, inode, ctx=None):
         began = time.perf_counter()
@@ -274,8 +283,11 @@ def mount_options(*, allow_other: bool) -> set[str]:
 class _PyfuseNativeReadTable:
     """The patched pyfuse3's fast-read table (cachefs_fast_read.c) as a NativeReadTable."""
 
-    def configure(self, chunk_size: int, max_blocks: int) -> None:
-        pyfuse3.fast_read_configure(chunk_size, max_blocks)
+    def configure(self, chunk_size: int, max_blocks: int, max_names: int) -> None:
+        pyfuse3.fast_read_configure(chunk_size, max_blocks, max_names)
+
+    def register_dentry(self, parent: int, name: bytes, entry: pyfuse3.EntryAttributes) -> bool:
+        return pyfuse3.fast_lookup_register(parent, name, entry)
 
     def register(self, ino, index, block_size, file_size, file_id, path, length, chunk_checksums):
         return pyfuse3.fast_read_register(

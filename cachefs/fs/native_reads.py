@@ -37,6 +37,8 @@ from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
 
 #: Most blocks the native table keeps (~200 bytes each with its path and checksums).
 NATIVE_READ_BLOCKS = 1 << 18
+#: Most LOOKUP replies the binding remembers (~200 bytes each; see fuse_ops.FuseOperations).
+NATIVE_LOOKUP_NAMES = 1 << 18
 #: Blocks of a file registered when it is looked up (its first blocks) ...
 BLOCKS_PER_LOOKUP = 64
 #: ... and after a Python READ: the blocks it touched and up to this many after them.
@@ -49,7 +51,7 @@ NATIVE_TIER = "ram"
 class NativeReadTable(Protocol):
     """The table in the FUSE binding (the pyfuse3 patch's ``fast_read_*`` functions)."""
 
-    def configure(self, chunk_size: int, max_blocks: int) -> None: ...
+    def configure(self, chunk_size: int, max_blocks: int, max_names: int) -> None: ...
 
     def register(
         self,
@@ -83,7 +85,7 @@ class NativeReads:
         self._cache = cache
         self._reader = reader
         table.clear()
-        table.configure(CHUNK_SIZE, max_blocks)
+        table.configure(CHUNK_SIZE, max_blocks, NATIVE_LOOKUP_NAMES)
         cache.on_remove(table.forget_file)
 
     def register_blocks(
@@ -105,6 +107,7 @@ class NativeReads:
         return registered
 
     def forget_inodes(self, lo: int, hi: int) -> None:
+        """Forget the blocks of inodes in [lo, hi], and the LOOKUP replies under or naming them."""
         self.table.forget_inodes(lo, hi)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ import pytest
 from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
 from tests.fs.test_native_reads import drop_pages_keep_dentries, make_source, native_stats
 from tests.fs.test_no_open import fuse_op_count
-from tests.worker_process import WorkerProcess
+from tests.worker_process import WorkerProcess, drop_page_cache
 
 needs_patch = pytest.mark.skipif(
     not FAST_READ_SUPPORTED, reason="stock pyfuse3: run scripts/setup.sh to build the patched one"
@@ -91,3 +91,35 @@ def test_the_first_read_of_a_listed_file_is_one_read_and_nothing_else(worker):
             assert f.read() == bytes([2, i]) * 5000
     assert {op: fuse_op_count(worker, op) for op in ops} == before  # nothing reached Python
     assert native_stats(worker)["reads"] - native_before == len(paths)  # one READ per file
+
+
+@needs_patch
+def test_names_looked_up_before_are_answered_in_c_after_the_kernel_drops_its_dentries(
+    worker, tmp_path
+):
+    """`echo 3` drops the kernel's dentries: the next open of each file sends LOOKUPs again.
+    The replies cachefs gave are remembered in the binding and answered there; a refresh
+    forgets the dataset's, so a removed file is gone and a changed one has its new size."""
+    paths = {i: worker.path("ds", "c0", f"f{i}.bin") for i in range(20)}
+    for i, path in paths.items():  # LOOKUPs answered in Python, remembered
+        with open(path, "rb") as f:
+            assert f.read() == bytes([0, i]) * 5000
+    drop_page_cache()  # echo 3: pages, dentries and inodes
+    python_lookups = fuse_op_count(worker, "lookup")
+    native_before = native_stats(worker)
+    for i, path in paths.items():
+        with open(path, "rb") as f:
+            assert f.read() == bytes([0, i]) * 5000
+    native_after = native_stats(worker)
+    assert native_after["lookups"] - native_before["lookups"] >= len(paths)  # + "c0"
+    # Only the dataset itself, under the mount root, is looked up in Python.
+    assert fuse_op_count(worker, "lookup") - python_lookups <= 1
+
+    os.unlink(tmp_path / "src" / "c0" / "f1.bin")
+    (tmp_path / "src" / "c0" / "f2.bin").write_bytes(b"longer now" * 2000)
+    worker.client.refresh_dataset("ds")
+    drop_page_cache()
+    assert not os.path.exists(paths[1])
+    assert os.stat(paths[2]).st_size == 20_000
+    with open(paths[2], "rb") as f:
+        assert f.read() == b"longer now" * 2000

@@ -26,7 +26,7 @@ SUMS_ONE_CHUNK = b"\0" * 8
 def table():
     table = native_read_table(True, True)
     table.clear()
-    table.configure(CHUNK_SIZE, 1000)
+    table.configure(CHUNK_SIZE, 1000, 1000)
     yield table
     table.clear()
 
@@ -59,7 +59,7 @@ def test_a_new_version_of_a_file_replaces_every_block_of_the_old(table):
 
 
 def test_the_table_keeps_at_most_its_limit_dropping_the_oldest(table):
-    table.configure(CHUNK_SIZE, 3)
+    table.configure(CHUNK_SIZE, 3, 3)
     for ino in range(1, 6):
         assert table.register(ino, 0, 100, 10, ino, b"/x/%d" % ino, 10, SUMS_ONE_CHUNK)
     stats = table.stats()
@@ -67,7 +67,7 @@ def test_the_table_keeps_at_most_its_limit_dropping_the_oldest(table):
     table.forget_inodes(1, 2)  # already dropped: nothing happens
     table.forget_inodes(3, 3)
     assert table.stats()["blocks"] == 2
-    table.configure(CHUNK_SIZE, 0)  # off: nothing is kept
+    table.configure(CHUNK_SIZE, 0, 0)  # off: nothing is kept
     assert table.stats()["blocks"] == 0
     assert not table.register(9, 0, 100, 10, 9, b"/x/9", 10, SUMS_ONE_CHUNK)
 

@@ -68,6 +68,17 @@ PATCHES = [
         "    c.req = req\n    c.size = size\n    c.off = off\n    # cachefs",
     ),
     (
+        "src/pyfuse3/handlers.pxi",
+        "cdef void fuse_lookup (fuse_req_t req, fuse_ino_t parent,\n"
+        "                       const_char *name):\n    cdef _Container c = _Container()\n"
+        "    c.req = req\n    c.parent = parent\n",
+        "cdef void fuse_lookup (fuse_req_t req, fuse_ino_t parent,\n"
+        "                       const_char *name):\n    cdef _Container c\n"
+        "    # cachefs: a LOOKUP whose reply cachefs remembered is answered in C.\n"
+        "    if cfr_try_lookup(req, parent, name):\n        return\n    c = _Container()\n"
+        "    c.req = req\n    c.parent = parent\n",
+    ),
+    (
         "src/pyfuse3/internal.pxi",
         "        save_retval(None)\n        fuse_session_process_buf(session, &buf)\n"
         "        if py_retval is not None:\n            await py_retval\n",

@@ -66,10 +66,23 @@ typedef struct {
     uint64_t mask;                /* slot count - 1 (a power of two), or 0 before first use */
 } table_t;
 
+/* A remembered LOOKUP reply. */
+typedef struct cfr_dentry {
+    uint64_t parent;
+    uint64_t hash;
+    struct cfr_dentry *next;       /* chain of the by-name table */
+    struct cfr_dentry *older, *newer;
+    struct fuse_entry_param entry;
+    size_t name_len;
+    char name[];
+} cfr_dentry;
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t chunk_size = 128 << 10;
 static uint64_t max_blocks = 1 << 18;
-static table_t by_ino, by_id;
+static table_t by_ino, by_id, by_name;
+static uint64_t max_dentries = 1 << 18;
+static cfr_dentry *oldest_dentry, *newest_dentry;
 static cfr_file *all_files;
 static cfr_block *oldest, *newest;
 static cfr_stats_t stats;
@@ -153,10 +166,104 @@ static void remove_file(cfr_file *f) {
         if (f->blocks[i]) { remove_block(f->blocks[i]); return; } /* frees f */
 }
 
+/* ---- the lookup table ---- */
+
+static uint64_t name_hash(uint64_t parent, const char *name, size_t len) {
+    return XXH3_64bits_withSeed(name, len, parent);
+}
+
+static void remove_dentry(cfr_dentry *d) {
+    cfr_dentry **p = (cfr_dentry **)&by_name.slots[slot_of(&by_name, d->hash)];
+    while (*p != d) p = &(*p)->next;
+    *p = d->next;
+    if (d->older) d->older->newer = d->newer;
+    else oldest_dentry = d->newer;
+    if (d->newer) d->newer->older = d->older;
+    else newest_dentry = d->older;
+    stats.dentries--;
+    free(d);
+}
+
+static cfr_dentry *find_dentry(uint64_t parent, const char *name, size_t len, uint64_t hash) {
+    if (!by_name.mask) return NULL;
+    for (cfr_dentry *d = by_name.slots[slot_of(&by_name, hash)]; d; d = d->next)
+        if (d->hash == hash && d->parent == parent && d->name_len == len &&
+            memcmp(d->name, name, len) == 0)
+            return d;
+    return NULL;
+}
+
+static int grow_dentries(void) {
+    if (by_name.mask && stats.dentries + 1 <= by_name.mask + 1) return 0;
+    uint64_t size = by_name.mask ? (by_name.mask + 1) * 2 : 1024;
+    void **slots = calloc(size, sizeof(void *));
+    if (!slots) return -1;
+    table_t bigger = {slots, size - 1};
+    for (cfr_dentry *d = oldest_dentry; d; d = d->newer) {
+        uint64_t s = slot_of(&bigger, d->hash);
+        d->next = slots[s];
+        slots[s] = d;
+    }
+    free(by_name.slots);
+    by_name = bigger;
+    return 0;
+}
+
+int cfr_register_dentry(uint64_t parent, const char *name, size_t name_len,
+                        const struct fuse_entry_param *entry) {
+    uint64_t hash = name_hash(parent, name, name_len);
+    cfr_dentry *d = malloc(sizeof(*d) + name_len);
+    if (!d) return -1;
+    d->parent = parent;
+    d->hash = hash;
+    d->entry = *entry;
+    d->name_len = name_len;
+    memcpy(d->name, name, name_len);
+    pthread_mutex_lock(&lock);
+    if (max_dentries == 0 || grow_dentries() != 0) {
+        pthread_mutex_unlock(&lock);
+        free(d);
+        return -1;
+    }
+    cfr_dentry *old = find_dentry(parent, name, name_len, hash);
+    if (old) remove_dentry(old);
+    uint64_t s = slot_of(&by_name, hash);
+    d->next = by_name.slots[s];
+    by_name.slots[s] = d;
+    d->newer = NULL;
+    d->older = newest_dentry;
+    if (newest_dentry) newest_dentry->newer = d;
+    else oldest_dentry = d;
+    newest_dentry = d;
+    stats.dentries++;
+    while (stats.dentries > max_dentries) remove_dentry(oldest_dentry);
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+int cfr_try_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
+    size_t len = strlen(name);
+    uint64_t hash = name_hash(parent, name, len);
+    struct fuse_entry_param entry;
+    pthread_mutex_lock(&lock);
+    cfr_dentry *d = find_dentry(parent, name, len, hash);
+    if (d) {
+        entry = d->entry;
+        stats.lookups++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!d) return 0;
+    fuse_reply_entry(req, &entry);
+    return 1;
+}
+
 /* ---- what cachefs calls ---- */
 
-void cfr_configure(uint64_t new_chunk_size, uint64_t new_max_blocks) {
+void cfr_configure(uint64_t new_chunk_size, uint64_t new_max_blocks,
+                   uint64_t new_max_dentries) {
     pthread_mutex_lock(&lock);
+    max_dentries = new_max_dentries;
+    while (stats.dentries > max_dentries) remove_dentry(oldest_dentry);
     if (new_chunk_size != chunk_size) { /* the stored checksums would not match: start empty */
         while (all_files) remove_file(all_files);
         chunk_size = new_chunk_size;
@@ -274,6 +381,13 @@ void cfr_forget_file(uint64_t file_id) {
 
 void cfr_forget_inodes(uint64_t lo, uint64_t hi) {
     pthread_mutex_lock(&lock);
+    cfr_dentry *d = oldest_dentry;
+    while (d) {
+        cfr_dentry *next = d->newer;
+        if ((d->parent >= lo && d->parent <= hi) || (d->entry.ino >= lo && d->entry.ino <= hi))
+            remove_dentry(d);
+        d = next;
+    }
     cfr_file *f = all_files;
     while (f) {
         cfr_file *next = f->next_all;

@@ -28,10 +28,13 @@ typedef struct {
     uint64_t registered;   /* registrations accepted since start */
     uint64_t refused;      /* registrations refused (inconsistent, or too many blocks) */
     uint64_t limit_drops;  /* blocks pushed out of the table by its size limit */
+    uint64_t lookups;      /* LOOKUPs answered here */
+    uint64_t dentries;     /* names in the lookup table now */
 } cfr_stats_t;
 
-/* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE) and the most blocks kept. */
-void cfr_configure(uint64_t chunk_size, uint64_t max_blocks);
+/* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE), the most blocks kept and the
+ * most names kept in the lookup table. */
+void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries);
 
 /* Register block `index` of inode `ino`: `length` bytes at offset 0 of the file at `path`,
  * whose chunks have the big-endian xxh3_64 digests `sums` (8 bytes each). Returns 0 when kept,
@@ -40,9 +43,17 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
                  uint64_t file_id, const char *path, uint64_t length,
                  const unsigned char *sums, size_t sums_len);
 
+/* Remember the reply to LOOKUP(parent, name) (what cachefs answered in Python), so that the
+ * next LOOKUP of that name, after the kernel dropped its dentry, is answered here. */
+int cfr_register_dentry(uint64_t parent, const char *name, size_t name_len,
+                        const struct fuse_entry_param *entry);
+/* Answer a LOOKUP from the table: 1 when replied, 0 to fall through. */
+int cfr_try_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
+
 /* Drop every block whose cache file has this id (called before the file is removed). */
 void cfr_forget_file(uint64_t file_id);
-/* Drop every inode in [lo, hi] (a dataset removed or its snapshot swapped). */
+/* Drop every inode in [lo, hi], and every name under a directory in [lo, hi] or naming an
+ * inode in it (a dataset removed or its snapshot swapped). */
 void cfr_forget_inodes(uint64_t lo, uint64_t hi);
 void cfr_clear(void);
 void cfr_get_stats(cfr_stats_t *out);

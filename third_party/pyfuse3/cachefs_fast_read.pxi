@@ -20,10 +20,15 @@ cdef extern from "cachefs_fast_read.h":
         uint64_t registered
         uint64_t refused
         uint64_t limit_drops
-    void cfr_configure(uint64_t chunk_size, uint64_t max_blocks)
+        uint64_t lookups
+        uint64_t dentries
+    void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries)
     int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                      uint64_t file_id, const char *path, uint64_t length,
                      const unsigned char *sums, size_t sums_len)
+    int cfr_register_dentry(uint64_t parent, const char *name, size_t name_len,
+                            const fuse_entry_param *entry)
+    int cfr_try_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     void cfr_forget_file(uint64_t file_id)
     void cfr_forget_inodes(uint64_t lo, uint64_t hi)
     void cfr_clear()
@@ -44,9 +49,15 @@ cdef int FAST_BATCH = 64
 cdef int FAST_WAIT_US = 50
 
 
-def fast_read_configure(uint64_t chunk_size, uint64_t max_blocks):
-    '''Set the checksum chunk size and the most blocks the table keeps (0: keep none).'''
-    cfr_configure(chunk_size, max_blocks)
+def fast_read_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries):
+    '''Set the checksum chunk size, the most blocks the READ table keeps and the most names
+    the LOOKUP table keeps (0: keep none).'''
+    cfr_configure(chunk_size, max_blocks, max_dentries)
+
+
+def fast_lookup_register(uint64_t parent, bytes name, EntryAttributes entry):
+    '''Remember the reply to LOOKUP(parent, name); False if refused.'''
+    return cfr_register_dentry(parent, name, len(name), &entry.fuse_param) == 0
 
 
 def fast_read_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
@@ -86,4 +97,5 @@ def fast_read_stats():
         'fallbacks': s.fallbacks, 'vanished': s.vanished, 'corrupt': s.corrupt,
         'blocks': s.blocks, 'files': s.files, 'registered': s.registered,
         'refused': s.refused, 'limit_drops': s.limit_drops,
+        'lookups': s.lookups, 'dentries': s.dentries,
     }
