@@ -20,7 +20,7 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cachefs.cache.base import CheckedBlock
 from cachefs.errors import BadFileHandle, IsADirectory, NotADirectory, PathNotFound, ReadOnly
@@ -39,9 +39,10 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 VERSIONS_KEPT = 8192
 
 
-@dataclass(frozen=True, slots=True)
-class Attr:
-    """What getattr returns; the adapter turns it into the kernel's struct."""
+class Attr(NamedTuple):
+    """What getattr returns; the adapter turns it into the kernel's struct. A NamedTuple, not
+    a frozen dataclass: one is made per entry of every directory listing, and a tuple is made
+    several times faster (a 1.28 M-entry walk makes 1.28 M of them)."""
 
     ino: int
     mode: int  # file type and permission bits
