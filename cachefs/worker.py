@@ -658,6 +658,9 @@ class Worker(WorkerAPI):
             spec = self.registry.get(name)
             dataset = self.fs.remove_dataset(name)
             await self._invalidate(MOUNT_ROOT, name.encode())
+            # The root's listing too: the kernel may keep it, and the entry invalidation above
+            # reaches it only while the dataset's dentry is still in the kernel's cache.
+            await self._invalidate(MOUNT_ROOT, None)
             await self._blocking(self.registry.remove, name)
             self._errors.pop(name, None)
             freed = 0
@@ -698,9 +701,13 @@ class Worker(WorkerAPI):
             await self._blocking(self.registry.update, spec)
             if dataset is None:
                 self.fs.add_dataset(MountedDataset(name, spec.slot, new_snapshot, source))
+                await self._invalidate(MOUNT_ROOT, None)  # the root's listing gains it
             else:
-                self.fs.replace_snapshot(name, new_snapshot, source).close()
-                await self._invalidate_changes(dataset, result)
+                old_snapshot = self.fs.replace_snapshot(name, new_snapshot, source)
+                try:
+                    await self._invalidate_changes(dataset, old_snapshot, result)
+                finally:
+                    old_snapshot.close()
             await self._blocking(self._remove_snapshot_dir, old_dir)
             self._errors.pop(name, None)
             self._last_refresh[name] = time.time()
@@ -709,8 +716,18 @@ class Worker(WorkerAPI):
             status["removed"] = len(result.removed)
             return status
 
-    async def _invalidate_changes(self, dataset: MountedDataset, result: BuildResult) -> None:
-        """Make the kernel forget what changed, so a refreshed file never shows old bytes."""
+    async def _invalidate_changes(
+        self, dataset: MountedDataset, old: Snapshot, result: BuildResult
+    ) -> None:
+        """Make the kernel forget what changed, so a refreshed file never shows old bytes and a
+        listing the kernel keeps (pyfuse3.cache_listings) never shows old entries."""
+        if result.overflow or await self._blocking(_removes_a_directory, old, result.removed):
+            # The changed listings cannot be named (too many changes), or a directory went
+            # away, and with it the listings of everything below it, which a process whose
+            # working directory is in there could still read: every directory of the old and
+            # the new snapshot forgets its listing (one thread call; ENOENT: not cached).
+            inos = await self._blocking(_every_dir, old, dataset.snapshot)
+            await self._invalidate_inodes([self.fs.global_ino(dataset, ino) for ino in inos])
         if result.overflow:  # too many to list: drop the whole dataset's dentry subtree
             await self._invalidate(MOUNT_ROOT, dataset.name.encode())
             return
@@ -720,6 +737,22 @@ class Worker(WorkerAPI):
             await self._invalidate(self.fs.global_ino(dataset, parent_local), name)
         for dir_local in result.listings_changed:  # the kernel may keep listings
             await self._invalidate(self.fs.global_ino(dataset, dir_local), None)
+
+    async def _invalidate_inodes(self, inodes: list[int]) -> None:
+        """invalidate_inode of each, in one thread call; those the kernel has not cached are
+        skipped silently."""
+        if not self.mounted or not inodes:
+            return
+
+        def invalidate_all() -> None:
+            for ino in inodes:
+                try:
+                    fuse_ops.invalidate_inode(ino)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                        log.warning("kernel cache invalidation failed: %s", exc)
+
+        await trio.to_thread.run_sync(invalidate_all)
 
     async def _invalidate(self, ino: int, name: bytes | None) -> None:
         if not self.mounted:
@@ -1308,3 +1341,16 @@ class _StartStatus:
 
 async def run_worker(config: WorkerConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     await Worker(config).run(task_status=task_status)
+
+
+def _removes_a_directory(old: Snapshot, removed: list[tuple[int, bytes]]) -> bool:
+    """Whether any of a refresh's removed entries was a directory in the old snapshot."""
+    for parent, name in removed:
+        entry = old.lookup(parent, name)
+        if entry is not None and entry.is_dir:
+            return True
+    return False
+
+
+def _every_dir(old: Snapshot, new: Snapshot) -> list[int]:
+    return sorted(set(old.dir_inos()) | set(new.dir_inos()))

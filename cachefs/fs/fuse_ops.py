@@ -333,11 +333,11 @@ def native_read_table(wanted: bool | None, no_open: bool) -> NativeReadTable | N
 
 
 def mount(ops: FuseOperations, mountpoint: str, options: set[str]) -> None:
+    # With the native path on, the kernel also keeps directory listings until a refresh
+    # invalidates the directories whose entries changed (Worker._invalidate_changes): a warm
+    # `ls -lR`/`find` stays in the kernel. Off (or stock pyfuse3): listings reach Python.
     if FAST_READ_SUPPORTED:
-        # The kernel keeps directory listings until a refresh invalidates the directories
-        # whose entries changed (Worker._invalidate_changes): a warm `ls -lR`/`find` stays in
-        # the kernel. Stock pyfuse3 cannot ask for it; listings then reach Python every time.
-        pyfuse3.cache_listings(True)
+        pyfuse3.cache_listings(ops.native_lookups is not None)
     pyfuse3.init(ops, mountpoint, options)
 
 

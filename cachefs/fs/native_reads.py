@@ -20,7 +20,8 @@ of that table, and keeps it coherent with the cache and the snapshots:
   that is gone, short or corrupt is dropped from the table and the READ goes to Python, which
   drops the block from the cache and fetches it again.
 * **Bounded**: no descriptor outlives a READ, and the table keeps at most
-  :data:`NATIVE_READ_BLOCKS` blocks (the oldest registration goes first).
+  :data:`NATIVE_READ_BLOCKS` blocks (the oldest registration goes first), whose files' block
+  arrays hold at most 4 slots per block in all (8 bytes each).
 
 Only no-open mode uses it: there every READ of an inode reads the snapshot served now, which is
 what the table holds. With open handles a file opened before a refresh keeps its old version,

@@ -40,6 +40,7 @@ from cachefs.meta.records import (
     DIRENTS_DB,
     INO,
     INODES_DB,
+    KIND_DIR,
     META_COMPLETE,
     META_DB,
     META_FORMAT,
@@ -200,6 +201,17 @@ class Snapshot:
         The iterator keeps the environment alive until it is exhausted or discarded.
         """
         return self._iter_children(self._live_env(), ino, after)
+
+    def dir_inos(self) -> list[int]:
+        """The inode of every directory (one pass over the inode table; run it in a thread):
+        what a refresh invalidates when it cannot name the directories whose listing changed."""
+        env = self._live_env()
+        inos = []
+        with env.begin(db=self._inodes) as txn:
+            for ino_key, record in txn.cursor():
+                if record[0] == KIND_DIR:
+                    inos.append(INO.unpack(ino_key)[0])
+        return inos
 
     def iter_files(self) -> Iterator[Entry]:
         """Every file of the snapshot, in inode order (one pass over the inode table: what a

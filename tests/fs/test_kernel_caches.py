@@ -123,3 +123,30 @@ def test_names_looked_up_before_are_answered_in_c_after_the_kernel_drops_its_den
     assert os.stat(paths[2]).st_size == 20_000
     with open(paths[2], "rb") as f:
         assert f.read() == b"longer now" * 2000
+
+
+@needs_patch
+def test_no_listing_the_kernel_keeps_outlives_a_removed_dataset_or_directory(worker, tmp_path):
+    """The root's listing after `dataset rm` even when the kernel had dropped the dataset's
+    dentry; a directory a refresh removed, held open by a process, lists none of its old
+    entries; a dataset that comes back by a refresh is listed again."""
+    assert "ds" in os.listdir(worker.mount)
+    held = os.open(worker.path("ds", "c1"), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert len(os.listdir(held)) == 20  # now kept by the kernel
+        for name in os.listdir(tmp_path / "src" / "c1"):
+            os.unlink(tmp_path / "src" / "c1" / name)
+        os.rmdir(tmp_path / "src" / "c1")
+        worker.client.refresh_dataset("ds")
+        try:
+            assert os.listdir(held) == []
+        except FileNotFoundError:
+            pass  # the directory is gone: also right
+        assert sorted(os.listdir(worker.path("ds"))) == ["c0", "c2"]
+    finally:
+        os.close(held)
+
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2\n")  # dentries and inodes, not the root's cached listing (pinned)
+    worker.client.remove_dataset("ds")
+    assert "ds" not in os.listdir(worker.mount)

@@ -15,7 +15,9 @@
  *     and a refreshed file is never served from its old blocks.
  *  4. No descriptor outlives a READ (open, pread, close), so the table's size never touches the
  *     process's fd limit; its memory is bounded by cfr_configure()'s max_blocks (the oldest
- *     registration goes first).
+ *     registration goes first) and by the block arrays of the files they belong to, which
+ *     hold at most ARRAY_SLOTS_PER_BLOCK * max_blocks slots in all (older blocks go first to
+ *     make room for a new file's array).
  */
 #define _GNU_SOURCE
 #include "cachefs_fast_read.h"
@@ -34,6 +36,8 @@
 
 /* A file with more blocks than this is never registered (its block array would be huge). */
 #define MAX_FILE_BLOCKS (1u << 16)
+/* The block arrays of all files in the table hold at most this many slots per max_blocks. */
+#define ARRAY_SLOTS_PER_BLOCK 4
 
 typedef struct cfr_file cfr_file;
 
@@ -86,11 +90,15 @@ static cfr_dentry *oldest_dentry, *newest_dentry;
 static cfr_file *all_files;
 static cfr_block *oldest, *newest;
 static cfr_stats_t stats;
+static uint64_t array_slots; /* sum of nblocks over the files in the table */
 static unsigned char *out_buf, *scratch_buf;
 static size_t out_cap, scratch_cap;
 
 static inline uint64_t slot_of(const table_t *t, uint64_t key) {
-    return (key * 0x9E3779B97F4A7C15ull) >> 17 & t->mask;
+    key ^= key >> 33; /* every bit counts: inodes differ in their high bits (dataset slots) */
+    key *= 0xFF51AFD7ED558CCDull;
+    key ^= key >> 33;
+    return key & t->mask;
 }
 
 /* ---- the two hash tables (chained; they grow, never shrink) ---- */
@@ -141,6 +149,7 @@ static void unlink_file(cfr_file *f) {
     else all_files = f->next_all;
     if (f->next_all) f->next_all->prev_all = f->prev_all;
     stats.files--;
+    array_slots -= f->nblocks;
     free(f);
 }
 
@@ -314,7 +323,13 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
         f = NULL;
     }
     if (!f) {
-        if (grow(&by_ino, stats.files + 1, 1) != 0 ||
+        /* Room for its block array: older blocks go first (their files' arrays with them). */
+        while (array_slots + nblocks > ARRAY_SLOTS_PER_BLOCK * max_blocks && oldest) {
+            stats.limit_drops++;
+            remove_block(oldest);
+        }
+        if (array_slots + nblocks > ARRAY_SLOTS_PER_BLOCK * max_blocks ||
+            grow(&by_ino, stats.files + 1, 1) != 0 ||
             !(f = calloc(1, sizeof(*f) + nblocks * sizeof(cfr_block *)))) {
             stats.refused++;
             pthread_mutex_unlock(&lock);
@@ -325,6 +340,7 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
         f->block_size = block_size;
         f->file_size = file_size;
         f->nblocks = nblocks;
+        array_slots += nblocks;
         uint64_t s = slot_of(&by_ino, ino);
         f->next_by_ino = by_ino.slots[s];
         by_ino.slots[s] = f;
