@@ -2,8 +2,8 @@
 
 The patched pyfuse3 (third_party/pyfuse3/build.py, ``cachefs_fast_read.c``) answers a READ in C
 when every block it touches is in a table of (inode, block index) → block file, length, chunk
-checksums; anything else falls through to the Python handler. This module is the only writer
-of that table, and keeps it coherent with the cache and the snapshots:
+checksums; anything else falls through to the Python handler. This module decides which blocks
+enter that table, and keeps it coherent with the cache and the snapshots:
 
 * **In**: a block enters only when the RAM tier holds it with its chunk checksums (it was
   admitted and verified), under the inode of the snapshot served now. :class:`FileSystem`
@@ -11,7 +11,7 @@ of that table, and keeps it coherent with the cache and the snapshots:
   job lists, then reads), and after a Python READ the blocks it touched and the next ones. A
   registration made after an ``await`` names the snapshot generation it started in and is
   dropped if a refresh or a dataset change came in between.
-* **Out, before the space goes**: the cache calls :meth:`NativeReads.forget_file` before it
+* **Out, before the space goes**: the cache calls the table's ``forget_file`` before it
   removes any block file (eviction, ``dataset rm``, cleanup, hand-off trims, promotion: every
   removal goes through ``Tier.remove_block``); a snapshot swap or a dataset removal forgets the
   dataset's inodes before the new state is served. The C side holds its mutex from lookup to
@@ -92,15 +92,19 @@ class NativeReads:
     def register_blocks(
         self, ino: int, source: DataSource, version: FileVersion, first: int, count: int
     ) -> int:
-        """Register blocks ``first .. first+count-1`` of a file that the RAM tier holds; returns
-        how many were registered. Call only with the version the current snapshot serves."""
+        """Register blocks ``first .. first+count-1`` of a file, up to the first one the RAM
+        tier does not hold (one index lookup each: a LOOKUP of a large uncached file costs one,
+        not ``count``); returns how many were registered. Call only with the version the
+        current snapshot serves."""
         block_size = source.block_size
         last = min(first + count, -(-version.size // block_size)) - 1
         registered = 0
         for index in range(first, last + 1):
             key = self._reader.block_key(source, version, index)
             found = self._cache.chunked_block_file(key, tier=NATIVE_TIER)
-            if found is not None and self.table.register(
+            if found is None:
+                break
+            if self.table.register(
                 ino, index, block_size, version.size, found.file_id, os.fsencode(found.path),
                 found.size, found.chunk_checksums,
             ):  # fmt: skip
