@@ -200,6 +200,8 @@ class Worker(WorkerAPI):
     def _check_config(self) -> None:
         """What can be refused before anything is created."""
         cfg = self.config
+        if cfg.fast_read:
+            fuse_ops.check_fast_read_possible(cfg.no_open)
         if cfg.coordinator and (not cfg.listen or not cfg.token):
             raise ConfigError("a worker that follows a coordinator needs --listen and a token")
         if cfg.coordinator and not _dialable(cfg.listen):

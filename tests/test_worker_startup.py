@@ -297,3 +297,15 @@ def test_a_lock_line_naming_another_device_is_matched_by_inode_and_pid(tmp_path)
     assert not names_held_lock(line(other, 4242, stat.st_ino + 1), stat, "4242")
     assert not names_held_lock(line(own, 4242, waiter="-> "), stat, "4242")  # only waits
     assert not names_held_lock("4: OFDLCK ADVISORY  WRITE -1 fe:00:1 0 EOF\n", stat, "4242")
+
+
+def test_asking_for_native_reads_where_they_cannot_run_is_refused(tmp_path):
+    """--fuse-fast-read on with open handles (or on a stock pyfuse3) is one line, not a
+    worker that silently serves every READ in Python."""
+    mount = str(tmp_path / "mnt")
+    line = _refused(
+        "--state", str(tmp_path / "state"), "up", "--mount", mount,
+        "--fuse-no-open", "off", "--fuse-fast-read", "on",
+    )  # fmt: skip
+    assert "--fuse-fast-read on needs" in line
+    _nothing_left(tmp_path, mount)

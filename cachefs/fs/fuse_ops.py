@@ -307,26 +307,32 @@ class _PyfuseNativeReadTable:
         return pyfuse3.fast_read_stats()
 
 
+def check_fast_read_possible(no_open: bool | None) -> None:
+    """ConfigError unless READs can be answered natively: the patched pyfuse3, no-open mode
+    (``no_open`` None: on when that pyfuse3 is installed)."""
+    if not FAST_READ_SUPPORTED:
+        raise ConfigError(
+            "--fuse-fast-read on needs the patched pyfuse3 (python third_party/pyfuse3/build.py)"
+        )
+    if no_open is False:
+        raise ConfigError("--fuse-fast-read on needs no-open mode (--fuse-no-open on)")
+
+
 def native_read_table(wanted: bool | None, no_open: bool) -> NativeReadTable | None:
     """The binding's fast-read table when READs of cached blocks are to be answered in C;
     None when they are not (``wanted`` False, or None and the binding or mode lacks it: said
     once in the log). ``wanted`` True and not possible: ConfigError."""
     if wanted is False:
         return None
+    if wanted:
+        check_fast_read_possible(no_open)
     if not FAST_READ_SUPPORTED:
-        if wanted:
-            raise ConfigError(
-                "--fuse-fast-read on needs the patched pyfuse3 "
-                "(python third_party/pyfuse3/build.py)"
-            )
         log.warning(
             "pyfuse3 has no cachefs fast-read patch: every READ is served in Python "
             "(for the native path: python third_party/pyfuse3/build.py)"
         )
         return None
     if not no_open:
-        if wanted:
-            raise ConfigError("--fuse-fast-read on needs no-open mode (--fuse-no-open on)")
         log.info("FUSE open mode: every READ is served in Python (the native path needs no-open)")
         return None
     return _PyfuseNativeReadTable()
