@@ -87,7 +87,11 @@ class WorkerProcess:
         self.log_path = os.path.join(base_dir, "worker.log")
 
     def start(self, timeout: float = WAIT_S) -> WorkerProcess:
+        """Start the worker and return once it says it serves: the ``cachefs: … serving …``
+        line comes after everything the start does (the mount's readahead, the background
+        tasks), where the control socket and the mount appear earlier."""
         os.makedirs(self.base_dir, exist_ok=True)
+        log_start = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
             [
@@ -111,13 +115,22 @@ class WorkerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
-            if self.client.is_running() and os.path.ismount(self.mount):
+            if self._said_serving(log_start) and os.path.ismount(self.mount):
                 return self
             time.sleep(0.05)
         raise RuntimeError(f"worker did not come up in {timeout}s:\n{self.log()}")
 
     def log(self) -> str:
         return log_tail(self.log_path)
+
+    def _said_serving(self, since: int) -> bool:
+        """Whether this start's part of the log (from byte ``since``) has the serving line."""
+        with open(self.log_path, "rb") as log:
+            log.seek(since)
+            return any(
+                line.startswith(b"cachefs: ") and b" serving " in line
+                for line in log.read().splitlines()
+            )
 
     def stop(self, timeout: float = 30.0) -> None:
         """`cachefs down` equivalent: clean unmount, state kept."""
