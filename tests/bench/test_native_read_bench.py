@@ -1,0 +1,86 @@
+"""bench/native_read_bench.py: its readers verify what they read (real files), its summary and
+report, and one tiny run end to end with real workers and mounts, which must show that the
+native worker's RAM-tier passes never reached Python and the other's never reached C. No
+timing assertions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from bench.native_read_bench import main, process_pass, render, summarise
+from bench.read_bench import BenchmarkFailure
+from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
+
+
+@pytest.fixture
+def tree(tmp_path):
+    paths, sizes, sample = [], [], {}
+    for i in range(12):
+        data = os.urandom(1000 + 37 * i)
+        path = tmp_path / f"f{i}.bin"
+        path.write_bytes(data)
+        paths.append(str(path))
+        sizes.append(len(data))
+        sample[i] = hashlib.sha256(data).hexdigest()
+    return paths, sizes, sample
+
+
+@pytest.mark.parametrize("readers", [1, 3])
+def test_reader_processes_read_every_file_and_check_it(tree, readers):
+    paths, sizes, sample = tree
+    assert process_pass(paths, sizes, list(range(len(paths))), readers, sample) > 0
+
+
+def test_a_wrong_byte_or_a_short_file_fails_the_pass(tree):
+    paths, sizes, sample = tree
+    with open(paths[3], "r+b") as f:
+        f.write(b"\0")
+    with pytest.raises(BenchmarkFailure, match="sha256"):
+        process_pass(paths, sizes, list(range(len(paths))), 2, sample)
+    os.truncate(paths[5], 10)
+    with pytest.raises(BenchmarkFailure, match="expected"):
+        process_pass(paths, sizes, [5], 1, {})
+
+
+def test_the_summary_gives_each_system_its_ratio_to_tmpfs():
+    passes = [
+        {"pass": "first_read_ram", "system": s, "readers": 16, "files_per_s": rate,
+         "mb_per_s": 1.0, "seconds": 1.0, "worker_cpu_ms_per_1000_files": 50.0}
+        for s, rate in (("tmpfs", 20_000.0), ("native", 10_000.0), ("python", 2_000.0))
+    ] + [
+        {"pass": "ls_lR", "system": s, "readers": 1, "files_per_s": 0, "mb_per_s": 0,
+         "seconds": seconds}
+        for s, seconds in (("tmpfs", 0.1), ("native", 0.2), ("python", 1.0))
+    ]  # fmt: skip
+    rows = {row["pass"]: row for row in summarise(passes, [16])}
+    assert rows["first_read_ram"]["native_ratio"] == 0.5
+    assert rows["first_read_ram"]["python_ratio"] == 0.1
+    assert rows["ls_lR"]["native_x_tmpfs_time"] == 2.0
+    assert rows["ls_lR"]["python_x_tmpfs_time"] == 10.0
+
+
+@pytest.mark.skipif(not FAST_READ_SUPPORTED, reason="needs the patched pyfuse3 (scripts/setup.sh)")
+def test_a_tiny_run_measures_what_each_pass_says(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    argv = [
+        "--files", "40", "--classes", "4", "--sample", "10", "--readers", "1,2",
+        "--repeats", "1", "--large-files", "1", "--large-mib", "2",
+        "--workdir", str(tmp_path / "work"), "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads(out.read_text())
+    by_key = {(p["pass"], p["system"], p["readers"]): p for p in results["passes"]}
+    for readers in (1, 2):
+        native = by_key[("first_read_ram", "native", readers)]["worker"]
+        python = by_key[("first_read_ram", "python", readers)]["worker"]
+        assert (native["native_reads"], native["python_reads"]) == (40, 0)
+        assert (python["native_reads"], python["python_reads"]) == (0, 40)
+        assert native["misses"] == python["misses"] == 0
+    echo3 = by_key[("first_read_ram_echo3", "native", 2)]["worker"]
+    assert echo3["native_reads"] == 40 and echo3["python_reads"] == 0
+    assert by_key[("first_read_source", "native", 2)]["worker"]["misses"] > 0
+    assert "| first_read_ram (files/s) | 2 |" in render(results)
