@@ -101,7 +101,7 @@ static inline uint64_t slot_of(const table_t *t, uint64_t key) {
     return key & t->mask;
 }
 
-/* ---- the two hash tables (chained; they grow, never shrink) ---- */
+/* ---- the block tables: by inode and by cache file id (chained; they grow, never shrink) ---- */
 
 static cfr_file *find_file(fuse_ino_t ino) {
     if (!by_ino.mask) return NULL;
