@@ -1,8 +1,13 @@
-"""``python -m bench.sim {all,p1,p2,p3,p4,p5,locality} [--out DIR]``.
+"""``python -m bench.sim {all,p1,p2,p3,p4,p5,locality} [--out DIR]`` and
+``python -m bench.sim trace FILE [--format auto|philly|pai|helios|csv] [--limit N] ...``.
 
-Runs the reproductions and writes ``<name>.md`` and ``<name>.json`` per experiment, plus an
-index ``README.md``, into ``bench/results/sim/`` (or ``--out``). Everything is deterministic:
-the same command writes the same files.
+The experiments run the reproductions and write ``<name>.md`` and ``<name>.json`` per
+experiment, plus an index ``README.md``, into ``bench/results/sim/`` (or ``--out``).
+``trace`` converts a public cluster trace (Microsoft Philly ``cluster_job_log``, Alibaba PAI
+2020 ``pai_job_table.csv`` + ``pai_task_table.csv``, SenseTime Helios ``cluster_log.csv``) or
+the simulator's own CSV, runs the queue policies on it and prints a report (written too with
+``--out``); see ``bench/sim/real_traces.py``. Everything is deterministic: the same command
+writes the same files.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .cluster import SimulationError
 from .experiments import locality, p1, p2, p3, p4, p5
+from .real_traces import DEFAULT_POLICIES, FORMATS, run_trace
 from .report import Report
 
 EXPERIMENTS: dict[str, Callable[[], Report]] = {
@@ -28,10 +35,24 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "sim"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__)
-    parser.add_argument("experiment", choices=["all", *EXPERIMENTS])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # --out is accepted before the command too; a subcommand's own --out wins.
+    parser.add_argument("--out", type=Path, default=None, help="output directory")
+    commands = parser.add_subparsers(dest="experiment", required=True, metavar="COMMAND")
+    for name in ["all", *EXPERIMENTS]:
+        sub = commands.add_parser(name, help="all experiments" if name == "all" else name)
+        sub.add_argument(
+            "--out", type=Path, default=argparse.SUPPRESS, help=f"output directory ({DEFAULT_OUT})"
+        )
+    _trace_arguments(commands.add_parser("trace", help="run the policies on a cluster trace"))
     args = parser.parse_args(argv)
+    if args.experiment == "trace":
+        return _trace(args)
+    args.out = args.out or DEFAULT_OUT
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     reports = []
     for name in names:
@@ -43,6 +64,54 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: wrote {', '.join(str(p) for p in paths)} ({seconds:.1f} s CPU)")
     if args.experiment == "all":
         _write_index(args.out, reports)
+    return 0
+
+
+def _trace_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("file", type=Path, help="the trace file (or the directory holding it)")
+    sub.add_argument("--format", choices=["auto", *FORMATS], default="auto")
+    sub.add_argument(
+        "--pai-tasks",
+        type=Path,
+        help="PAI's pai_task_table.csv (default: beside the job table)",
+    )
+    sub.add_argument("--limit", type=int, help="simulate the first N jobs by submission")
+    sub.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
+    sub.add_argument(
+        "--nodes", type=int, help="nodes (default: the most GPUs the jobs held at once)"
+    )
+    sub.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help="comma-separated policy names (default: the queue policies)",
+    )
+    sub.add_argument("--seed", type=int, default=0, help="profiles, models and policies")
+    sub.add_argument(
+        "--out", type=Path, default=argparse.SUPPRESS, help="also write the report here"
+    )
+
+
+def _trace(args: argparse.Namespace) -> int:
+    started = time.process_time()  # CPU time of the run, for the log only
+    try:
+        report = run_trace(
+            args.file,
+            format=args.format,
+            pai_tasks=args.pai_tasks,
+            limit=args.limit,
+            gpus_per_node=args.gpus_per_node,
+            nodes=args.nodes,
+            policies=[name.strip() for name in args.policies.split(",") if name.strip()],
+            seed=args.seed,
+        )
+    except (OSError, SimulationError) as err:
+        print(f"python -m bench.sim trace: {err}", file=sys.stderr)
+        return 1
+    print(report.markdown(), end="")
+    seconds = time.process_time() - started
+    if args.out:
+        paths = report.write(args.out)
+        print(f"trace: wrote {', '.join(str(p) for p in paths)} ({seconds:.1f} s CPU)")
     return 0
 
 
