@@ -215,8 +215,18 @@ class FileSystem:
             raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
         if not entry.is_dir:
             raise NotADirectory(f"inode {ino} is not a directory")
-        for child in dataset.snapshot.readdir(local, after):
-            yield child.name, self._attr(dataset, child), child.ino
+        # The children's attributes straight from their records (Snapshot.readdir_fields): a
+        # listing builds no Entry, the per-entry cost of a walk over a million files.
+        slot_bits = dataset.slot << SLOT_SHIFT
+        default_file, default_dir = self._default_file, self._default_dir
+        for child in dataset.snapshot.readdir_fields(local, after):
+            name, child_ino, is_dir, size, mtime_ns, nlink, mode, uid, gid = child
+            if mode is None:
+                mode, uid, gid = default_dir if is_dir else default_file
+            else:
+                mode = (stat.S_IFDIR if is_dir else stat.S_IFREG) | shown_mode(mode)
+            attr = Attr(slot_bits | child_ino, mode, size, mtime_ns, nlink, uid, gid)
+            yield name, attr, child_ino
 
     def check_directory(self, ino: int) -> None:
         if ino != MOUNT_ROOT and not stat.S_ISDIR(self.getattr(ino).mode):

@@ -30,6 +30,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import lmdb
 
@@ -38,6 +39,7 @@ from cachefs.meta.names import MAX_NAME_BYTES
 from cachefs.meta.records import (
     DB_COUNT,
     DIRENTS_DB,
+    HEADER,
     INO,
     INODES_DB,
     KIND_DIR,
@@ -46,11 +48,18 @@ from cachefs.meta.records import (
     META_FORMAT,
     META_NEXT_INO,
     META_STATS,
+    NO_MODE,
     RECORD_UPGRADES,
     ROOT,
     Entry,
     unpack_entry,
 )
+
+T = TypeVar("T")
+#: A child as a directory listing shows it (:meth:`Snapshot.readdir_fields`): name, inode,
+#: is_dir, size (0 for a directory), mtime_ns, nlink, then the mode, uid and gid the source
+#: recorded (mode None: none recorded, the mount's defaults apply).
+ListedChild = tuple[bytes, int, bool, int, int, int, "int | None", int, int]
 
 # readdir reads this many entries in its first transaction and doubles up to the maximum:
 # the kernel asks for a few dozen entries per call, a `ls` of a big directory for all of them.
@@ -200,7 +209,24 @@ class Snapshot:
         caller abandons (a full kernel buffer) holds no transaction open and wasted little work.
         The iterator keeps the environment alive until it is exhausted or discarded.
         """
-        return self._iter_children(self._live_env(), ino, after)
+        return self._iter_children(self._live_env(), ino, after, self._entry_of)
+
+    def readdir_fields(self, ino: int, after: int = 0) -> Iterator[ListedChild]:
+        """What a directory listing shows of each child, in :meth:`readdir`'s order and with
+        its ``after``, without building an :class:`Entry`: a listing of a million files decodes
+        a million records, and this skips the etag and key (a third of the cost)."""
+        return self._iter_children(self._live_env(), ino, after, self._listed_child)
+
+    def _entry_of(self, name: bytes, ino: int, record: bytes) -> Entry:
+        return self._unpack(ino, record)
+
+    def _listed_child(self, name: bytes, ino: int, record: bytes) -> ListedChild:
+        if self._upgrade_record is not None:
+            record = self._upgrade_record(record)
+        kind, _etag_len, nlink, size, mtime_ns, _parent, mode, uid, gid = HEADER.unpack_from(record)
+        is_dir = kind == KIND_DIR
+        return (name, ino, is_dir, 0 if is_dir else size, mtime_ns, nlink,
+                None if mode == NO_MODE else mode, uid, gid)  # fmt: skip
 
     def dir_inos(self) -> list[int]:
         """The inode of every directory (one pass over the inode table; run it in a thread):
@@ -272,7 +298,10 @@ class Snapshot:
             return None
         return self._unpack(INO.unpack(child_key)[0], txn.get(child_key))
 
-    def _iter_children(self, env: lmdb.Environment, ino: int, after: int) -> Iterator[Entry]:
+    def _iter_children(
+        self, env: lmdb.Environment, ino: int, after: int, decode: Callable[[bytes, int, bytes], T]
+    ) -> Iterator[T]:
+        """The children of ``ino`` after ``after``, each as ``decode(name, ino, record)``."""
         if not 0 < ino <= _MAX_KEY_INO:
             return
         prefix = INO.pack(ino)
@@ -289,30 +318,42 @@ class Snapshot:
         skip_start = bool(after)
         chunk_size = _READDIR_FIRST_CHUNK
         while True:
-            chunk = self._read_children(env, prefix, start, skip_start, chunk_size)
+            chunk, last_name = self._read_children(
+                env, prefix, start, skip_start, chunk_size, decode
+            )
             yield from chunk
             if len(chunk) < chunk_size:
                 return
-            start = prefix + chunk[-1].name
+            start = prefix + last_name
             skip_start = True
             chunk_size = min(chunk_size * 2, _READDIR_MAX_CHUNK)
 
     def _read_children(
-        self, env: lmdb.Environment, prefix: bytes, start: bytes, skip_start: bool, limit: int
-    ) -> list[Entry]:
-        """Up to ``limit`` children whose dirent key is >= ``start`` (> if ``skip_start``)."""
-        entries: list[Entry] = []
+        self,
+        env: lmdb.Environment,
+        prefix: bytes,
+        start: bytes,
+        skip_start: bool,
+        limit: int,
+        decode: Callable[[bytes, int, bytes], T],
+    ) -> tuple[list[T], bytes]:
+        """Up to ``limit`` children whose dirent key is >= ``start`` (> if ``skip_start``),
+        decoded, and the name of the last one (b"" if none)."""
+        children: list[T] = []
+        name = b""
         with env.begin(db=self._inodes) as txn:
             cursor = txn.cursor(db=self._dirents)
             if not cursor.set_range(start):
-                return entries
+                return children, name
             if skip_start and cursor.key() == start and not cursor.next():
-                return entries
+                return children, name
+            get, unpack_ino, cut = txn.get, INO.unpack, len(prefix)
             for dirent_key, child_key in cursor.iternext():
-                if not dirent_key.startswith(prefix) or len(entries) == limit:
+                if not dirent_key.startswith(prefix) or len(children) == limit:
                     break
-                entries.append(self._unpack(INO.unpack(child_key)[0], txn.get(child_key)))
-        return entries
+                name = dirent_key[cut:]
+                children.append(decode(name, unpack_ino(child_key)[0], get(child_key)))
+        return children, name
 
 
 # py-lmdb refuses to open one environment twice in a process (a second handle would share, and

@@ -184,3 +184,56 @@ def test_a_refresh_of_a_format_1_snapshot_keeps_inodes_and_adds_owners(build, tm
         assert len(result.changed_inos) == 6 and result.removed == []
     finally:
         old.close()
+
+
+def _walk_pairs(snapshot: Snapshot):
+    """(Entry from readdir, fields from readdir_fields) of every child of every directory,
+    read page by page (after=) as the kernel does."""
+    pending = [ROOT]
+    while pending:
+        directory = pending.pop()
+        entries = list(snapshot.readdir(directory))
+        fields = list(snapshot.readdir_fields(directory))
+        assert [f[1] for f in fields] == [e.ino for e in entries]
+        if entries:  # resuming after the first child gives the rest, in the same order
+            assert list(snapshot.readdir_fields(directory, entries[0].ino)) == fields[1:]
+        for entry, field in zip(entries, fields, strict=True):
+            yield entry, field
+            if entry.is_dir:
+                pending.append(entry.ino)
+
+
+def _expected_fields(entry):
+    owner = entry.owner
+    return (
+        entry.name, entry.ino, entry.is_dir, entry.size, entry.mtime_ns, entry.nlink,
+        None if owner is None else owner.mode,
+        0 if owner is None else owner.uid,
+        0 if owner is None else owner.gid,
+    )  # fmt: skip
+
+
+def test_listing_fields_say_what_full_entries_say(build, tmp_path) -> None:
+    """readdir_fields (what a directory listing decodes, no Entry built) against readdir's
+    entries: with and without recorded owners, and in a format-1 snapshot."""
+    snapshot, _ = build(
+        [
+            obj("a.bin", 7),
+            obj("d/", mode=stat.S_IFDIR | 0o750, uid=5, gid=6),
+            obj("d/x.bin", 3, mode=stat.S_IFREG | 0o640, uid=5, gid=6),
+            obj("d/y.bin", 0),
+            obj("e/f/g.bin", 11),
+        ]
+    )
+    pairs = list(_walk_pairs(snapshot))
+    assert len(pairs) == 7
+    for entry, field in pairs:
+        assert field == _expected_fields(entry)
+    old = Snapshot.open(unpack_format1_fixture(tmp_path))
+    try:
+        pairs = list(_walk_pairs(old))
+        assert len(pairs) == 5
+        for entry, field in pairs:
+            assert field == _expected_fields(entry)
+    finally:
+        old.close()
