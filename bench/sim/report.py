@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,3 +55,51 @@ def _cell(value: object) -> str:
 def pct(value: float) -> str:
     """A signed percentage: -0.4 -> '-40.0 %'."""
     return f"{value * 100:+.1f} %"
+
+
+#: How the reports decide "inside" or "outside" (quoted under each verdict column).
+VERDICT_RULE = (
+    "Verdicts are computed from the numbers: a paper's range includes its ends; a single "
+    "figure's range is every value that rounds to it at the precision the paper prints "
+    '(91.6 % is 91.55 % to 91.65 %); "> x" is every value above x and "< x" every value below. '
+    '"Below" and "above" compare signed values: a cut of 46 % (−46 %) is below a cut of 40 %.'
+)
+
+
+def figure(value: float, unit: float) -> tuple[float, float]:
+    """The range of a single printed figure: ``figure(0.916, 0.001)`` -> (0.9155, 0.9165).
+
+    ``unit`` is the value of the last digit the paper prints (0.01 for "40 %" as a fraction).
+    """
+    return (value - unit / 2, value + unit / 2)
+
+
+def above(value: float) -> tuple[float, float]:
+    """The range of "more than ``value``" (exclusive)."""
+    # Just above ``value``, clear of the rounding slack ``verdict`` allows at a range's ends.
+    return (value + 1e-9 * max(1.0, abs(value)), math.inf)
+
+
+def below(value: float) -> tuple[float, float]:
+    """The range of "less than ``value``" (exclusive)."""
+    return (-math.inf, value - 1e-9 * max(1.0, abs(value)))
+
+
+def verdict(ours: float | Sequence[float], paper: tuple[float, float]) -> str:
+    """``inside`` or ``outside (below|above)`` the paper's closed range ``paper`` = (low, high).
+
+    For several values (one per scale, rate or workload): ``inside (all N)`` or ``outside (k of
+    N: …)``, naming which side the values outside fall on.
+    """
+    low, high = paper
+    # A relative tolerance for binary rounding only (2.2 is not exactly 2.2 in floating point).
+    slack = 1e-12 * max(1.0, *(abs(end) for end in paper if math.isfinite(end)))
+    values = [ours] if isinstance(ours, (int, float)) else list(ours)
+    under = sum(value < low - slack for value in values)
+    over = sum(value > high + slack for value in values)
+    if not under and not over:
+        return "inside" if len(values) == 1 else f"inside (all {len(values)})"
+    sides = " and ".join(side for side, count in (("below", under), ("above", over)) if count)
+    if len(values) == 1:
+        return f"outside ({sides})"
+    return f"outside ({under + over} of {len(values)}: {sides})"

@@ -171,7 +171,8 @@ def p3_workload(
 
     Each task asks 1/2/4/8 GPUs (what the queue-based baselines give it) and may use up to 8
     (what the placement-choosing policies may pick); its single-GPU time is log-uniform in
-    [10 min, 4 h] (our choice: the digest gives no sizes).
+    [10 min, 4 h] (our choice: P3's Table 2, which sets the tasks' hyper-parameters, is an image
+    missing from the paper's text; the text says only that they are drawn uniformly).
     """
     rng = random.Random(seed)
     specs = []
