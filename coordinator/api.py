@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -46,6 +47,8 @@ from .extender import extender_router
 from .json_types import STRICT, STRICT_OPEN, JsonInt, json_int
 from .manager import CopyBusy, JobExists, JobNotFound
 from .scheduling.http import placement_router
+from .scheduling.model import Dataset
+from .scheduling.queue_api import LiveLocality, schedule_router
 from .scheduling.sources import InMemorySource, parse_locality_document
 from .state import StateStoreError
 
@@ -519,8 +522,37 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         tags=["placement"],
         responses=_ERRORS,
     )
+    app.include_router(
+        schedule_router(lambda datasets: live_locality(cluster, datasets)),
+        dependencies=[Depends(require_token), Depends(_utf8_body)],
+        tags=["placement"],
+        responses=_ERRORS,
+    )
     app.include_router(extender_router(cluster))  # no token: kube-scheduler sends none
     return app
+
+
+def live_locality(cluster: Cluster, datasets: Iterable[str]) -> LiveLocality:
+    """``POST /v1/schedule``'s locality: the named datasets the coordinator knows (cached
+    bytes on live nodes, the CacheManager's copies) and the cache of every live node."""
+    found = {}
+    for name in datasets:
+        try:
+            doc = cluster.locality(name)
+        except DatasetNotFound:
+            continue  # scheduled without locality; the answer says it is not known
+        cached = {row["node"]: row["cached_bytes"] for row in doc["nodes"] if row["state"] == "up"}
+        copies = tuple(frozenset(copy["nodes"]) for copy in doc["copies"] if copy["nodes"])
+        found[name] = Dataset(name, doc["bytes"], cached, copies)
+    caches = {
+        node["node"]: (
+            sum(tier.get("capacity", 0) for tier in node["tiers"]),
+            sum(tier.get("used", 0) for tier in node["tiers"]),
+        )
+        for node in cluster.list_nodes()
+        if node["state"] == "up"
+    }
+    return LiveLocality(found, caches)
 
 
 def _of_latest_preload(call, dataset: str) -> dict[str, Any]:

@@ -65,6 +65,7 @@ class ElasticPolicy(Policy):
     """P2's elastic scaling with best-fit placement."""
 
     base_name = "p2-elastic"
+    honours_candidates = False
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementChoice | None:
         free = candidate_free(job, state.free_gpus())

@@ -40,6 +40,9 @@ class Policy(ABC):
     """Base class: subclasses set ``base_name`` and implement :meth:`place`."""
 
     base_name: ClassVar[str]
+    #: Whether :meth:`schedule` keeps every job on its ``candidates`` (P2's and Themis'
+    #: rounds place by GPU count on the whole cluster, so they do not).
+    honours_candidates: ClassVar[bool] = True
 
     def __init__(self, *, locality: bool = False) -> None:
         self.locality = locality

@@ -115,6 +115,7 @@ class ThemisPolicy(Policy):
     """P5's arbiter: rounds, bids, partial-allocation auction, leases."""
 
     base_name = "p5-themis"
+    honours_candidates = False
 
     def __init__(
         self, *, locality: bool = False, fairness_knob: float = 0.8, lease_s: float = 1200.0

@@ -110,6 +110,7 @@ async def test_every_v1_route_needs_the_token(api: Api) -> None:
         "/v1/nodes/n1/heartbeat",
         "/v1/locality",
         "/v1/placement",
+        "/v1/schedule",
         "/v1/jobs",
         "/v1/jobs/job-1",
         "/v1/jobs/job-1/heartbeat",

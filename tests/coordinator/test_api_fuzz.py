@@ -145,6 +145,7 @@ def test_every_v1_operation_without_the_token_is_401(coordinator) -> None:
         "POST /v1/nodes/{node}/heartbeat",
         "GET /v1/preloads/{job_id}",
         "POST /v1/placement",
+        "POST /v1/schedule",
     ):
         assert expected in labels, sorted(labels)
     assert len(v1) >= 17
