@@ -17,6 +17,9 @@ the free-form, per-pod setting, while a label may be kept for selectors):
   the cluster comes through an extender that manages no resources, so this path takes no lock).
 - ``cachefs.io/locality``: ``preferred`` (default) only scores; ``required`` also filters out
   nodes that hold none of the dataset.
+- ``cachefs.io/policy``: a placement policy (``GET /v1/placement/policies``) whose node ranking
+  prioritize uses instead of cached bytes alone (see below); an unknown name is logged once and
+  ignored.
 - ``cachefs.io/job``: the id of the cachefs job (``POST /v1/jobs``) the pod belongs to. Without
   it the id is ``<namespace>.<owner>``: the owner is the Job controller's ``job-name`` label,
   else the controlling owner reference, else the pod itself. cachefs job ids are cluster-wide
@@ -43,7 +46,13 @@ Answers:
   relative to the node holding the most (which scores 10; any cached byte scores at least 1).
   kube-scheduler multiplies by the extender's ``weight``, so the weight alone says how much
   locality counts. A *running* job's copy comes first, as in TDCS: the copy's nodes score 5..10
-  and the others 0..4, each band by cached bytes.
+  and the others 0..4, each band by cached bytes. With ``cachefs.io/policy`` the nodes are
+  ranked by that policy's ``place()`` for a job of the pod's GPUs (``nvidia.com/gpu`` limits
+  of its containers, at least 1) reading the dataset, on the coordinator's nodes with all their
+  GPUs free (kube-scheduler, not the extender, knows what is allocated): the policy's best
+  nodes score 10, each lower distinct score one step less (never below 1), nodes it does not
+  rank (no cachefs worker, no GPUs) 0. A policy that cannot rank (P4 without node hardware, a
+  job that fits nowhere) falls back to the cached-bytes scores, logged once.
 - Pods without a dataset, unknown datasets, unregistered jobs and any internal error pass every
   node (filter) and score 0 (prioritize): cachefs never blocks scheduling, and each such case
   is logged once. A body that is no ExtenderArgs at all cannot be passed through (the node list
@@ -82,6 +91,10 @@ from cachefs.errors import DatasetNotFound
 
 from .manager import JobNotFound
 from .pods import DATASET_KEY, JOB_KEY, job_id, setting, strings
+from .scheduling.http import DEFAULT_SAMPLES_PER_EPOCH
+from .scheduling.model import ClusterState, Dataset, JobSpec, Node, NodeScore, SchedulingError
+from .scheduling.profiles import UNKNOWN
+from .scheduling.registry import POLICY_NAMES, make_policy
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -89,6 +102,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("coordinator.extender")
 
 LOCALITY_KEY = "cachefs.io/locality"
+POLICY_KEY = "cachefs.io/policy"
+GPU_RESOURCE = "nvidia.com/gpu"
+MAX_POD_GPUS = 4096
 NODE_LABEL = "cachefs.io/node"
 MAX_EXTENDER_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 # A running job's copy members score COPY_FLOOR..10 and other nodes 0..COPY_FLOOR-1.
@@ -114,6 +130,8 @@ class PodRequest:
     locality: LocalityMode
     job: str | None  # the cachefs job id to look up; None when the pod names no dataset or job
     notes: tuple[str, ...] = ()  # settings that were ignored, worth one log line
+    policy: str | None = None  # a policy of POLICY_NAMES whose ranking prioritize uses
+    gpus: int = 1  # GPUs the pod asks for (its containers' nvidia.com/gpu), at least 1
 
 
 @dataclass(frozen=True)
@@ -192,12 +210,42 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     wanted = (setting(meta, LOCALITY_KEY) or "preferred").lower()
     locality: LocalityMode = "required" if wanted == "required" else "preferred"
     if wanted not in ("required", "preferred"):
-        notes.append(f"{LOCALITY_KEY}={wanted[:64]!r} is neither required nor preferred")
+        notes.append(
+            f"{LOCALITY_KEY}={wanted[:64]!r} is neither required nor preferred; using preferred"
+        )
+    policy = setting(meta, POLICY_KEY)
+    if policy is not None and policy not in POLICY_NAMES:
+        notes.append(f"{POLICY_KEY}={policy[:64]!r} is no known policy; scoring by cached bytes")
+        policy = None
     # A job is looked up when the pod names one, or names a dataset (then it is derived).
     job = setting(meta, JOB_KEY)
     if job is None and dataset is not None:
         job = job_id(meta, namespace, name)
-    return PodRequest(namespace, name, dataset, locality, job, tuple(notes))
+    return PodRequest(
+        namespace, name, dataset, locality, job, tuple(notes), policy, pod_gpus(pod.get("spec"))
+    )
+
+
+def pod_gpus(spec: Any) -> int:
+    """GPUs a v1.PodSpec asks for: the sum of its containers' ``nvidia.com/gpu`` limits (else
+    requests; an extended resource's request equals its limit), at least 1."""
+    total = 0
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    for container in containers if isinstance(containers, list) else ():
+        resources = container.get("resources") if isinstance(container, dict) else None
+        if not isinstance(resources, dict):
+            continue
+        for kind in ("limits", "requests"):
+            amounts = resources.get(kind)
+            value = amounts.get(GPU_RESOURCE) if isinstance(amounts, dict) else None
+            # A quantity is a string ("2") or, from some clients, a number.
+            if isinstance(value, int) and not isinstance(value, bool):
+                total += max(0, value)
+                break
+            if isinstance(value, str) and value.strip().isdigit():
+                total += int(value.strip())
+                break
+    return max(1, min(total, MAX_POD_GPUS))
 
 
 def _field(obj: Mapping[str, Any], name: str) -> Any:
@@ -235,6 +283,7 @@ class DatasetLocality:
     cached_bytes: Mapping[str, int]  # cachefs node id -> cached bytes, nodes that are up
     down: frozenset[str]  # nodes whose worker is down (their bytes are not readable)
     copies: Mapping[str, frozenset[str]]  # copy id -> its nodes
+    size: int = 0  # the dataset's bytes
 
     @classmethod
     def from_locality(cls, doc: Mapping[str, Any]) -> DatasetLocality:
@@ -245,6 +294,7 @@ class DatasetLocality:
             {row["node"]: row["cached_bytes"] for row in rows if row["state"] == "up"},
             frozenset(row["node"] for row in rows if row["state"] != "up"),
             {copy["id"]: frozenset(copy["nodes"]) for copy in doc["copies"]},
+            doc["bytes"],
         )
 
 
@@ -342,6 +392,40 @@ def decide_priorities(
     return scores
 
 
+def policy_job(pod: PodRequest, dataset: str) -> JobSpec:
+    """The job a policy ranks nodes for: the pod's GPUs reading ``dataset`` (a neutral model,
+    one epoch: the extender knows nothing more of the training)."""
+    return JobSpec(
+        pod.job or f"{pod.namespace}.{pod.name}",
+        0.0,
+        pod.gpus,
+        UNKNOWN,
+        float(DEFAULT_SAMPLES_PER_EPOCH),
+        DEFAULT_SAMPLES_PER_EPOCH,
+        dataset=dataset,
+    )
+
+
+def policy_state(locality: DatasetLocality, gpus: Mapping[str, int]) -> ClusterState:
+    """What a policy sees: ``gpus`` (cachefs node id -> GPUs, all free) and the dataset."""
+    nodes = {node: Node(node, count, count) for node, count in gpus.items()}
+    copies = tuple(members for _, members in sorted(locality.copies.items()) if members)
+    dataset = Dataset(locality.dataset, locality.size, dict(locality.cached_bytes), copies)
+    return ClusterState(0.0, nodes, {dataset.name: dataset})
+
+
+def ranked_priorities(args: ExtenderArgs, ranking: tuple[NodeScore, ...]) -> list[tuple[str, int]]:
+    """A policy's ranking as 0..10 per node, request order: its best score 10, each lower
+    distinct score one step less, never below 1; nodes it does not rank 0."""
+    levels = sorted({row.score for row in ranking}, reverse=True)
+    step = {score: index for index, score in enumerate(levels)}
+    scores = {
+        row.node: MAX_EXTENDER_PRIORITY - MAX_EXTENDER_PRIORITY * step[row.score] // len(levels)
+        for row in ranking
+    }
+    return [(node, scores.get(args.cachefs_ids.get(node, node), 0)) for node in args.candidates]
+
+
 # --- the answers ----------------------------------------------------------------------------
 
 
@@ -429,16 +513,49 @@ class Extender:
             self._warn(("malformed", "prioritize"), "prioritize: %s; answering no scores", exc)
             return []
         try:
-            return host_priority_list(decide_priorities(args, *self.snapshot(args.pod)))
+            locality, job = self.snapshot(args.pod)
+            ranked = self.policy_priorities(args, locality, job)
+            if ranked is None:
+                ranked = decide_priorities(args, locality, job)
+            return host_priority_list(ranked)
         except Exception:
             self._failed("prioritize")
             return host_priority_list([(node, 0) for node in args.candidates])
+
+    def policy_priorities(
+        self, args: ExtenderArgs, locality: DatasetLocality | None, job: JobStatus | None
+    ) -> list[tuple[str, int]] | None:
+        """Scores from the ranking of the pod's ``cachefs.io/policy``; None when it names none,
+        or where the cached-bytes scores apply anyway (no locality, a job not running), or when
+        the policy cannot rank."""
+        pod = args.pod
+        if pod.policy is None or locality is None:
+            return None
+        if job is not None and job.state != "running":
+            return None
+        wanted = {args.cachefs_ids.get(node, node) for node in args.candidates}
+        gpus = {
+            node["node"]: node["gpus"]
+            for node in self._cluster.list_nodes()
+            if node["state"] == "up" and node["node"] in wanted
+        }
+        try:
+            policy = make_policy(pod.policy)
+            choice = policy.place(policy_job(pod, locality.dataset), policy_state(locality, gpus))
+        except SchedulingError as exc:
+            why = " ".join(str(exc).split())
+            self._warn(("policy", pod.policy, why), "prioritize with %s: %s; scoring by cached "
+                       "bytes", pod.policy, why)  # fmt: skip
+            return None
+        if choice is None:
+            return None  # fits nowhere now: kube-scheduler's own filters will say so
+        return ranked_priorities(args, choice.ranking)
 
     def snapshot(self, pod: PodRequest) -> tuple[DatasetLocality | None, JobStatus | None]:
         """The dataset's locality and the pod's job, as far as the coordinator knows them."""
         for note in pod.notes:
             where = (pod.namespace, pod.name)
-            self._warn(("note", note), "pod %.80s/%.80s: %s; using preferred", *where, note)
+            self._warn(("note", note), "pod %.80s/%.80s: %s", *where, note)
         if pod.dataset is None and pod.job is None:
             return None, None
         job = None
@@ -570,7 +687,8 @@ def extender_router(cluster: Cluster) -> APIRouter:
     )
     async def extender_prioritize(request: Request) -> Response:
         """kube-scheduler's prioritize verb: 0..10 per node from its cached bytes of the pod's
-        dataset (a running job's copy first)."""
+        dataset (a running job's copy first), or from the ranking of the pod's
+        ``cachefs.io/policy``."""
         body = await request.body()
         answer = await anyio.to_thread.run_sync(lambda: _encode(extender.prioritize(body)))
         return Response(answer, media_type="application/json")

@@ -35,6 +35,7 @@ from coordinator.extender import (
     filter_result,
     parse_extender_args,
     parse_pod,
+    pod_gpus,
 )
 from coordinator.state import LmdbStateStore
 from tests.coordinator.model import FakeClock, spec
@@ -130,6 +131,27 @@ def test_annotation_wins_over_label_and_locality_values() -> None:
         assert (got.locality, got.notes) == (expected, ()), value
     odd = parse_pod(pod({"cachefs.io/dataset": "a", "cachefs.io/locality": "strict"}, {}))
     assert odd.locality == "preferred" and "'strict'" in odd.notes[0]
+
+
+def test_a_pods_policy_and_gpus() -> None:
+    def pod(annotations: dict, *containers: dict) -> dict:
+        return {"metadata": {"name": "p", "namespace": "ns", "annotations": annotations,
+                             "labels": {"cachefs.io/dataset": "a"}},
+                "spec": {"containers": list(containers)}}  # fmt: skip
+
+    fixture = parse_extender_args((BODIES / "prioritize_node_names_request.json").read_bytes())
+    assert (fixture.pod.policy, fixture.pod.gpus) == (None, 8)  # limits "8"
+    two = {"resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    one = {"resources": {"requests": {"nvidia.com/gpu": 1, "cpu": "4"}}}
+    named = parse_pod(pod({"cachefs.io/policy": "p2-elastic+locality"}, two, one, {}))
+    assert (named.policy, named.gpus, named.notes) == ("p2-elastic+locality", 3, ())
+    unknown = parse_pod(pod({"cachefs.io/policy": "lottery"}))
+    assert (unknown.policy, unknown.gpus) == (None, 1)
+    (note,) = unknown.notes
+    assert note == "cachefs.io/policy='lottery' is no known policy; scoring by cached bytes"
+    fractional = {"resources": {"limits": {"nvidia.com/gpu": "1.5"}}}
+    for odd in (None, [], {"containers": "x"}, {"containers": [fractional]}):
+        assert pod_gpus(odd) == 1
 
 
 def test_job_id_of_a_pod() -> None:
@@ -364,6 +386,40 @@ def test_unknown_datasets_and_unlabelled_pods_pass_logged_once(
                 assert extender.prioritize(request) == [{"Host": n, "Score": 0} for n in NODES]
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "'no-such'" in warnings[0], warnings
+
+
+def test_a_pods_policy_ranks_the_nodes(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    _imagenet_state(cluster)
+    for i, node in enumerate(NODES, 1):  # the same heartbeats, with GPUs: 8, 8 and none
+        cached = {"gpu-node-1": 600, "gpu-node-2": 300}.get(node)
+        datasets = {"imagenet": _imagenet_report(cached)} if cached else {}
+        report = {"address": f"127.0.0.{i + 1}:7070", "gpus": 8 if i < 3 else 0}
+        cluster.heartbeat(node, {**report, "datasets": datasets})
+    extender = Extender(cluster)
+    request = body("prioritize_node_names_request.json")
+
+    def scores(policy: str | None) -> list[int]:
+        annotated = pod_with(request, annotations={"cachefs.io/policy": policy})
+        return [row["Score"] for row in extender.prioritize(encoded(annotated))]
+
+    assert scores(None) == [10, 5, 0]  # cached bytes relative to the best node
+    # fifo+locality ranks the nodes that can take GPUs by cached bytes, one step per rank;
+    # gpu-node-3 has no GPUs, so no policy ranks it.
+    assert scores("fifo+locality") == [10, 5, 0]
+    assert scores("tdcs") == [10, 5, 0]
+    # Best fit without locality: both nodes have all 8 GPUs free, so they tie.
+    assert scores("p2-elastic") == [10, 10, 0]
+    cluster.heartbeat("gpu-node-3", {"address": "127.0.0.4:7070", "gpus": 8, "datasets": {}})
+    assert scores("fifo+locality") == [10, 7, 4]
+    # A policy that cannot rank (no node hardware) falls back to cached bytes, logged once.
+    with caplog.at_level(logging.WARNING, logger="coordinator.extender"):
+        assert scores("p4-roofline") == scores("p4-roofline") == [10, 5, 0]
+    assert len(caplog.records) == 1, caplog.records
+    assert "prioritize with p4-roofline: policy p4-roofline needs" in caplog.records[0].getMessage()
+    # A job the CacheManager suspended scores 0 everywhere, policy or not.
+    cluster.manager.submit("other", "imagenet", 1)
+    cluster.manager.submit(POD_JOB, "imagenet", 1)
+    assert scores("fifo+locality") == [0, 0, 0]
 
 
 def test_a_job_annotation_alone_names_the_dataset(cluster: Cluster) -> None:
