@@ -73,10 +73,15 @@ class PlacementRequest(BaseModel):
 
     @field_validator("policy")
     @classmethod
-    def known_policy(cls, policy: str) -> str:
-        if policy not in POLICY_NAMES:
-            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}")
-        return policy
+    def _known_policy(cls, policy: str) -> str:
+        return known_policy(policy)
+
+
+def known_policy(policy: str) -> str:
+    """A request's policy name, checked against the registry (one message for every route)."""
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}")
+    return policy
 
 
 class NodeGpus(BaseModel):

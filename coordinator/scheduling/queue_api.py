@@ -40,7 +40,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from coordinator.json_types import STRICT, JsonInt, json_int
 
-from .http import ModelFields, profile_for
+from .http import ModelFields, NodeGpus, known_policy, profile_for
 from .model import (
     Clone,
     ClusterState,
@@ -175,15 +175,8 @@ class ScheduleRequest(_Strict):
 
     @field_validator("policy")
     @classmethod
-    def known_policy(cls, policy: str) -> str:
-        if policy not in POLICY_NAMES:
-            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}")
-        return policy
-
-
-class NodeGpus(BaseModel):
-    node: str
-    gpus: int
+    def _known_policy(cls, policy: str) -> str:
+        return known_policy(policy)
 
 
 class JobDecision(BaseModel):
