@@ -1,22 +1,32 @@
 """P4: adaptive single-node vs distributed allocation from the Roofline model.
 
+The paper's algorithm (its section 3.4, steps 1-8, and Algorithms 1 and 2):
+
 - A model costs W FLOPs per sample (one forward pass) and moves M bytes of memory; its
-  arithmetic intensity is I = W / M.
-- A GPU with peak π (FLOP/s) and memory bandwidth β (bytes/s) attains min(π, β·I) FLOP/s.
-- Training one sample costs ``TRAIN_PASSES`` forward-pass equivalents (forward + backward;
-  the digest does not say, we use 3, the usual estimate).
-- Single node: T = τ + η (compute bound τ, measured overhead η).
-- Distributed, synchronous: work split evenly, T = max over nodes (τ_n + T_trans,n + η_n),
-  T_trans = syncs · 8·M / B (B in bits/s); as slow as the slowest node.
-- Distributed, asynchronous: work split in proportion to each node's attainable compute (no
-  node waits for another); T = max over nodes (τ + T_trans,n + η_n) with the common τ.
-- Sync vs async: asynchronous when the coefficient of variation of the chosen nodes' attainable
-  compute exceeds ``async_cv`` (0.15).
-- All single nodes and all node combinations are enumerated and the fastest is chosen. Above
-  ``exhaustive_limit`` nodes (12, i.e. 4,095 subsets) only the best k-node set for each k is
-  evaluated: for synchronous training that is exact — T(S) is the maximum of a per-node time
-  that depends only on |S|, so the k nodes with the smallest such times are optimal — and for
-  asynchronous training it is the k nodes of highest attainable compute (a heuristic).
+  arithmetic intensity is I = W / M (section 2.4). For a CNN, layer by layer (section 3.2,
+  equations (2)-(5)): a convolution costs K^2 * C_in * H_out * W_out * C_out FLOPs and moves
+  4 * (K^2 * C_in * C_out + H_out * W_out * C_out) bytes (float32 weights and outputs); a layer
+  without weights moves its output only. :func:`layer_flops` and :func:`layer_memory_bytes`.
+- A GPU with peak pi (FLOP/s) and memory bandwidth beta (bytes/s) attains min(pi, beta*I) FLOP/s
+  (equation (1)); Algorithm 1 computes it per node and sorts the nodes by it
+  (:func:`sort_by_compute`).
+- Training one sample costs ``TRAIN_PASSES`` forward-pass equivalents (forward + backward; the
+  paper does not say, we use 3, the usual estimate).
+- Single node, equations (6), (7) and (11): T = tau + eta, tau = work / attainable, eta the node's
+  mean historical overhead (0 at first).
+- Distributed, equations (8), (9), (12)-(17): the work is split evenly over the set's nodes and
+  T = max over its nodes of (tau_n + T_trans,n + eta_n), T_trans = syncs * 8*M / B (B in bits/s):
+  the set is as slow as its slowest node. Every set of two or more nodes is evaluated this way.
+- Step 6 / equation (18): the smaller of the best single-node time and the best distributed
+  time decides between the two (a tie goes to fewer nodes: our choice).
+- Step 7, only after the distributed set is chosen: synchronous or asynchronous by how much the
+  chosen nodes' compute differs ("比較...它們的方差大小"): asynchronous when the coefficient of
+  variation of their attainable compute exceeds ``async_cv`` (0.15; the paper names the
+  variance but gives no threshold: a scale-free CV and 0.15 are our choices). The mode does not
+  change the set or its predicted time.
+- Above ``exhaustive_limit`` nodes (12, i.e. 4,095 subsets) only the best k-node set for each k
+  is evaluated; that is exact: T(S) is the maximum of a per-node time that depends only on |S|,
+  so the k nodes with the smallest such times are optimal.
 """
 
 from __future__ import annotations
@@ -47,8 +57,21 @@ class ModelCost:
 
 
 def attainable_flops(peak_flops: float, memory_bandwidth: float, intensity: float) -> float:
-    """Roofline: the compute a GPU reaches at this intensity, min(π, β·I)."""
+    """Roofline: the compute a GPU reaches at this intensity, min(π, β·I) (equation (1))."""
     return min(peak_flops, memory_bandwidth * intensity)
+
+
+def layer_flops(kernel: int, c_in: int, h_out: int, w_out: int, c_out: int) -> float:
+    """Equation (2): one layer's forward FLOPs, K²·C_in·H_out·W_out·C_out (multiply-adds
+    counted once, as the paper's Table 1 does). A dense layer is K = H_out = W_out = 1."""
+    return float(kernel * kernel * c_in * h_out * w_out * c_out)
+
+
+def layer_memory_bytes(kernel: int, c_in: int, h_out: int, w_out: int, c_out: int) -> float:
+    """Equation (3): one layer's memory traffic, float32 weights plus its output,
+    4·(K²·C_in·C_out + H_out·W_out·C_out) bytes. A layer without weights (ReLU, LRN,
+    pooling, the input) is ``kernel=0``: its output only."""
+    return 4.0 * (kernel * kernel * c_in * c_out + h_out * w_out * c_out)
 
 
 @dataclass(frozen=True)
@@ -77,9 +100,23 @@ class Allocation:
 
 
 def _transfer_seconds(worker: Worker, sync_bytes: float, syncs: float) -> float:
+    """Equation (9): T_trans = syncs · 8·M / B (B in bits/s)."""
     if worker.network_bits_per_s is None:
         return float("inf")
     return syncs * 8.0 * sync_bytes / worker.network_bits_per_s
+
+
+def sort_by_compute(workers: Sequence[Worker], cost: ModelCost) -> list[Worker]:
+    """Algorithm 1: the nodes in ascending order of attainable compute (its quicksort; ties by
+    name, so the order is deterministic)."""
+    return sorted(workers, key=lambda w: (w.attainable(cost), w.name))
+
+
+def sync_or_async(speeds: Sequence[float], async_cv: float = 0.15) -> str:
+    """Step 7: "sync" for nodes of similar compute, "async" when the coefficient of variation
+    of their attainable compute exceeds ``async_cv``."""
+    spread = statistics.pstdev(speeds) / statistics.fmean(speeds)
+    return "async" if spread > async_cv else "sync"
 
 
 def predict(
@@ -91,26 +128,25 @@ def predict(
     syncs: float = 1.0,
     async_cv: float = 0.15,
 ) -> Allocation:
-    """P4's predicted time of training ``samples`` on ``workers`` (one = single node)."""
+    """P4's predicted time of training ``samples`` on ``workers`` (one = single node).
+
+    One worker: equation (6), τ + η. Several: equation (16), the work split evenly and the
+    slowest node's τ_n + T_trans,n + η_n; then step 7 names the mode, which leaves the time as
+    it is (the paper compares times before it chooses the mode).
+    """
     flops = TRAIN_PASSES * cost.flops * samples
     names = tuple(w.name for w in workers)
     if len(workers) == 1:
         (worker,) = workers
         return Allocation(names, "single", flops / worker.attainable(cost) + worker.overhead_s)
-
     moved = cost.memory_bytes if sync_bytes is None else sync_bytes
-    speeds = [w.attainable(cost) for w in workers]
-    spread = statistics.pstdev(speeds) / statistics.fmean(speeds)
-    if spread > async_cv:
-        compute = flops / sum(speeds)
-        seconds = max(compute + _transfer_seconds(w, moved, syncs) + w.overhead_s for w in workers)
-        return Allocation(names, "async", seconds)
     share = flops / len(workers)
     seconds = max(
-        share / speed + _transfer_seconds(w, moved, syncs) + w.overhead_s
-        for w, speed in zip(workers, speeds, strict=True)
+        share / w.attainable(cost) + _transfer_seconds(w, moved, syncs) + w.overhead_s
+        for w in workers
     )
-    return Allocation(names, "sync", seconds)
+    mode = sync_or_async([w.attainable(cost) for w in workers], async_cv)
+    return Allocation(names, mode, seconds)
 
 
 def candidate_sets(
@@ -122,25 +158,24 @@ def candidate_sets(
     syncs: float,
     exhaustive_limit: int,
 ) -> list[tuple[Worker, ...]]:
-    """The worker sets to evaluate: all non-empty subsets, or the pruned per-size best sets."""
-    if len(workers) <= exhaustive_limit:
+    """The worker sets to evaluate: all non-empty subsets, or the per-size best sets."""
+    ordered = sort_by_compute(workers, cost)
+    if len(ordered) <= exhaustive_limit:
         return [
             subset
-            for size in range(1, len(workers) + 1)
-            for subset in itertools.combinations(workers, size)
+            for size in range(1, len(ordered) + 1)
+            for subset in itertools.combinations(ordered, size)
         ]
     moved = cost.memory_bytes if sync_bytes is None else sync_bytes
     flops = TRAIN_PASSES * cost.flops * samples
     sets: list[tuple[Worker, ...]] = []
-    by_speed = sorted(workers, key=lambda w: (-w.attainable(cost), w.name))
-    for size in range(1, len(workers) + 1):
+    for size in range(1, len(ordered) + 1):
 
-        def sync_time(w: Worker, size: int = size) -> float:
+        def node_time(w: Worker, size: int = size) -> float:
             transfer = _transfer_seconds(w, moved, syncs) if size > 1 else 0.0
             return flops / size / w.attainable(cost) + transfer + w.overhead_s
 
-        sets.append(tuple(sorted(workers, key=lambda w: (sync_time(w), w.name))[:size]))
-        sets.append(tuple(by_speed[:size]))
+        sets.append(tuple(sorted(ordered, key=lambda w: (node_time(w), w.name))[:size]))
     return sets
 
 
@@ -154,7 +189,9 @@ def best_allocation(
     async_cv: float = 0.15,
     exhaustive_limit: int = 12,
 ) -> Allocation:
-    """The fastest predicted allocation over single nodes and node combinations."""
+    """Steps 2-7: the fastest predicted allocation over single nodes (equation (11)) and node
+    combinations (equation (17)), the smaller of the two (equation (18)), its mode named by
+    step 7 afterwards. Ties go to fewer nodes, then names."""
     if not workers:
         raise SchedulingError("P4 needs at least one worker to choose from")
     sets = candidate_sets(

@@ -1,153 +1,274 @@
 """P4's result: how often the Roofline prediction picks the allocation that measures fastest.
 
-Setup (the paper's, P4 section 4.1 "實驗環境"): AlexNet (W = 334 MFLOPs, M = 289 MB per sample,
-I = 1.16 FLOP/B, its Table 1) on MNIST, one GTX 1080 (π = 6.1 TFLOP/s, β = 352 GB/s) and two
-GTX 970 (π = 5.2 TFLOP/s, β = 232 GB/s), a 100 Mbit/s LAN; 7 allocations per trial (3 single
-nodes, 3 pairs, all three). The paper ran "1000組相同的實驗" (1000 identical experiments, section
-4.2) of 50 epochs each and gives no synchronisation frequency; identical trials would measure
-only how often noise flips one near-tie, so per trial (ours) we draw a training run of 1–10
-epochs over 10–100 % of MNIST's 60,000 samples, synchronising the model 1–20 times per epoch
-(log-uniform), so that single-node and distributed runs both win some trials.
+The paper's set-up (section 4.1, "實驗環境"): a head node, a data server and three worker nodes,
+one with a GeForce GTX 1080 (π = 6.1 TFLOP/s, β = 352 GB/s) and two with a GTX 970 (π = 5.2
+TFLOP/s, β = 232 GB/s), on a 100 Mbit/s LAN; TensorFlow 1.3; AlexNet (its Table 1) trained on
+MNIST (60,000 training images) for 50 epochs, the epoch count after which its loss stopped
+falling (section 4.2). W ≈ 334 MFLOPs and M ≈ 289 MB per forward pass, so I ≈ 1.16 FLOP/B and
+both GPUs are memory-bound: 408.32 and 269.12 GFLOP/s attainable. The allocations measured
+(section 4.2): each GPU alone, and the three node sets GTX 1080 + GTX 970, GTX 1080 + 2 x GTX
+970 and 2 x GTX 970, each synchronous and asynchronous, the parameter server on the strongest
+node of the set. The accuracy experiment repeats the same experiment 1000 times
+("1000組相同的實驗") and counts the runs in which the predicted plan measured fastest: 91.6 %.
 
-"Measured" times come from a testbed model the predictor does not see: each GPU reaches only a
-fraction of its Roofline bound (GTX 1080 85 %, GTX 970 80 %: the 970's slow last 0.5 GB), the
-LAN delivers 90 % of its nominal rate, start-up overheads vary ±20 % around the history the
-predictor uses, and every run has log-normal noise (σ = 5 % compute, 10 % network).
+The predictor is P4's algorithm as the paper orders it (``coordinator.scheduling.roofline``):
+node sets compared by equation (16) (work split evenly, the slowest node's τ + T_trans + η),
+single vs distributed by equation (18), and only then, for a distributed set, synchronous or
+asynchronous by how much its nodes' compute differs (step 7). η = 0: every node's historical
+overhead starts at 0 (step 4). The paper gives no batch size or synchronisation frequency for
+T_trans; we synchronise once per mini-batch of 128 (our choice; the sweep below shows the
+prediction is the same for every frequency from 4 per epoch up).
+
+The ground truth is not the predictor: it is the paper's own measurements. Its figures 3-6 are
+images missing from the text, but the text states how their bars compare (section 4.2), which
+fixes every allocation's time relative to the GTX 1080 alone (``MEASURED``, each entry derived
+beside it). Each of the 1000 trials measures all eleven plans once, each time multiplied by
+independent log-normal run-to-run noise of spread σ. The paper gives no run-to-run spread, so σ
+is swept; the report gives the σ that the paper's 91.6 % implies. The paper's η learning (step
+4) cannot change the prediction here: with η = 0 the best distributed set is predicted far
+slower than the GTX 1080 alone for every synchronisation frequency of 4 per epoch or more.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import statistics
+from dataclasses import dataclass
 
 from coordinator.scheduling.roofline import (
-    TRAIN_PASSES,
     Allocation,
     ModelCost,
     Worker,
     attainable_flops,
     best_allocation,
+    layer_flops,
+    layer_memory_bytes,
     predict,
+    sync_or_async,
 )
 
 from ..report import VERDICT_RULE, Report, figure, verdict
 
 TRIALS = 1000
-ALEXNET = ModelCost(flops=334e6, memory_bytes=289e6)
+EPOCHS = 50
+MNIST_TRAIN_SAMPLES = 60_000
 LAN_BITS = 100e6
-#: π and β as P4 (the paper) gives them in section 4.1, after its Table 1: "GeForce GTX1080的π為
-#: 6.1TFOLP/s,β為352GB/s ... GeForce GTX970的π為5.2TFOLP/s,β為232GB/s", so that AlexNet is
-#: memory-bound on both, at 408.32 and 269.12 GFLOP/s.
-GTX1080 = {"peak": 6.1e12, "bandwidth": 352e9, "overhead": 3.0, "efficiency": 0.85}
-GTX970 = {"peak": 5.2e12, "bandwidth": 232e9, "overhead": 4.0, "efficiency": 0.80}
-NODES = {"gtx1080": GTX1080, "gtx970-a": GTX970, "gtx970-b": GTX970}
-#: What this experiment used before it took the paper's figures: NVIDIA's spec sheets (GTX 1080
-#: 8.873 TFLOP/s; GTX 970 3.92 TFLOP/s, 224 GB/s). Rerun beside the paper's to show what moved.
-PREVIOUS_NODES = {
-    "gtx1080": {**GTX1080, "peak": 8.873e12},
-    "gtx970-a": {**GTX970, "peak": 3.920e12, "bandwidth": 224e9},
-    "gtx970-b": {**GTX970, "peak": 3.920e12, "bandwidth": 224e9},
+#: Our choice: one synchronisation per mini-batch of 128 (the paper gives neither).
+BATCH = 128
+#: W and M as the paper's text states them (section 4.1): "約為334MFLOPS", "約為289MB".
+ALEXNET = ModelCost(flops=334e6, memory_bytes=289e6)
+#: The paper's Table 1, AlexNet for 28x28x1 MNIST: (layer, kernel side, input channels, output
+#: height, output width, output channels); kernel 0 = a layer without weights.
+TABLE_1 = (
+    ("Input", 0, 0, 28, 28, 1),
+    ("Conv1", 11, 1, 28, 28, 96),
+    ("Relu", 0, 0, 28, 28, 96),
+    ("LRN1", 0, 0, 28, 28, 96),
+    ("Maxpool1", 0, 0, 14, 14, 96),
+    ("Conv2", 5, 96, 14, 14, 256),
+    ("Relu", 0, 0, 14, 14, 256),
+    ("LRN2", 0, 0, 14, 14, 256),
+    ("Maxpool2", 0, 0, 7, 7, 256),
+    ("Conv3", 3, 256, 7, 7, 384),
+    ("Conv4", 3, 384, 7, 7, 384),
+    ("Conv5", 3, 384, 7, 7, 256),
+    ("Dense1", 1, 12544, 1, 1, 4096),
+    ("Relu", 0, 0, 1, 1, 4096),
+    ("Dense2", 1, 4096, 1, 1, 4096),
+    ("Relu", 0, 0, 1, 1, 4096),
+    ("Dense3", 1, 4096, 1, 1, 10),
+)
+#: π and β as the paper gives them (section 4.1, after Table 1): "GeForce GTX1080的π為
+#: 6.1TFOLP/s,β為352GB/s ... GeForce GTX970的π為5.2TFOLP/s,β為232GB/s".
+GPUS = {
+    "gtx1080": (6.1e12, 352e9),
+    "gtx970-a": (5.2e12, 232e9),
+    "gtx970-b": (5.2e12, 232e9),
 }
-NETWORK_EFFICIENCY = 0.90
-#: P4 section 4.2: 1000 identical experiments, "得到91.6%的高準確率".
-PAPER_ACCURACY = 0.916
-#: P4 section 4.1: I = 1.16 FLOP/B; attainable 408.32 (GTX 1080) and 269.12 (GTX 970) GFLOP/s.
+#: The paper's figures, section 4.1 and 4.2.
 PAPER_INTENSITY = 1.16
+PAPER_IMAX = {"gtx1080": 17.33, "gtx970": 22.41}
 PAPER_ATTAINABLE = {"gtx1080": 408.32e9, "gtx970": 269.12e9}
+PAPER_ACCURACY = 0.916
 
 
-Hardware = dict[str, dict[str, float]]
+@dataclass(frozen=True, order=True)
+class Plan:
+    """One allocation the paper measured: a node set and how it trains."""
+
+    nodes: tuple[str, ...]
+    mode: str  # "single", "sync" or "async"
+
+    @property
+    def label(self) -> str:
+        return " + ".join(self.nodes) + f" ({self.mode})"
 
 
-def _workers(nodes: Hardware) -> list[Worker]:
-    return [
-        Worker(name, 1, hw["peak"], hw["bandwidth"], LAN_BITS, hw["overhead"])
-        for name, hw in nodes.items()
-    ]
+def _plan(mode: str, *nodes: str) -> Plan:
+    return Plan(tuple(sorted(nodes)), mode)
 
 
-def _measured(
-    allocation: Allocation,
-    samples: float,
-    syncs: float,
-    rng: random.Random,
-    noise: float,
-    nodes: Hardware,
-) -> float:
-    """One run of ``allocation`` on the testbed model."""
-    speeds = {
-        name: nodes[name]["efficiency"]
-        * attainable_flops(nodes[name]["peak"], nodes[name]["bandwidth"], ALEXNET.intensity)
-        for name in allocation.workers
-    }
-    flops = TRAIN_PASSES * ALEXNET.flops * samples
+_PAIR_A = ("gtx1080", "gtx970-a")
+_PAIR_B = ("gtx1080", "gtx970-b")
+_TWO_970 = ("gtx970-a", "gtx970-b")
+_ALL = ("gtx1080", "gtx970-a", "gtx970-b")
+_ALONE_1080 = 1.0
+#: Section 4.2.1 (figure 3): the GTX 1080 alone took 54.5 % less time than a GTX 970 alone.
+_ALONE_970 = 1 / (1 - 0.545)
+#: Section 4.2.3 (figure 6): the GTX 1080 alone took 8.1 % less than GTX 970 + GTX 970 sync.
+_SYNC_TWO_970 = 1 / (1 - 0.081)
+#: Section 4.2.2 (figure 4): 970 + 970 sync took about 59.3 % of the other two sync sets, which
+#: took "basically the same" time.
+_SYNC_WITH_1080 = _SYNC_TWO_970 / 0.593
+#: Section 4.2.3: the GTX 1080 alone took 2.3 % less than GTX 1080 + GTX 970 async; section
+#: 4.2.2 (figure 5): GTX 1080 + 2 x GTX 970 async took "basically the same".
+_ASYNC_WITH_1080 = 1 / (1 - 0.023)
+#: Section 4.2.2 (figure 5): 970 + 970 async took about 6.2 % more than the sets with the 1080.
+_ASYNC_TWO_970 = 1.062 * _ASYNC_WITH_1080
+#: Every measured allocation's time relative to the GTX 1080 alone, from the paper's text.
+MEASURED: dict[Plan, float] = {
+    _plan("single", "gtx1080"): _ALONE_1080,
+    _plan("single", "gtx970-a"): _ALONE_970,
+    _plan("single", "gtx970-b"): _ALONE_970,
+    _plan("sync", *_PAIR_A): _SYNC_WITH_1080,
+    _plan("sync", *_PAIR_B): _SYNC_WITH_1080,
+    _plan("sync", *_ALL): _SYNC_WITH_1080,
+    _plan("sync", *_TWO_970): _SYNC_TWO_970,
+    _plan("async", *_PAIR_A): _ASYNC_WITH_1080,
+    _plan("async", *_PAIR_B): _ASYNC_WITH_1080,
+    _plan("async", *_ALL): _ASYNC_WITH_1080,
+    _plan("async", *_TWO_970): _ASYNC_TWO_970,
+}
+PLANS = sorted(MEASURED)
+NOISES = (0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.10)
+SYNCS_PER_EPOCH = (1, 2, 4, 10, 100, math.ceil(MNIST_TRAIN_SAMPLES / BATCH))
+#: rows drawn to estimate the expected accuracy and the σ the paper's figure implies.
+LARGE_SAMPLE = 40_000
 
-    def overhead(name: str) -> float:
-        return nodes[name]["overhead"] * rng.uniform(0.8, 1.2)
 
-    def transfer() -> float:
-        if allocation.mode == "single":
-            return 0.0
-        seconds = syncs * 8 * ALEXNET.memory_bytes / (LAN_BITS * NETWORK_EFFICIENCY)
-        return seconds * math.exp(rng.gauss(0, 2 * noise))
-
-    def compute(work: float, speed: float) -> float:
-        return work / speed * math.exp(rng.gauss(0, noise))
-
-    if allocation.mode == "async":
-        shared = compute(flops / sum(speeds.values()), 1.0)
-        return max(shared + transfer() + overhead(n) for n in allocation.workers)
-    share = flops / len(allocation.workers)
-    return max(compute(share, speeds[n]) + transfer() + overhead(n) for n in allocation.workers)
+def table_1_totals() -> tuple[float, float]:
+    """W and M summed over Table 1 with equations (2)-(5): (FLOPs, bytes) per forward pass."""
+    flops = sum(layer_flops(k, c_in, h, w, c_out) for _, k, c_in, h, w, c_out in TABLE_1 if k)
+    memory = sum(layer_memory_bytes(k, c_in, h, w, c_out) for _, k, c_in, h, w, c_out in TABLE_1)
+    return flops, memory
 
 
-def accuracy(
-    trials: int, seed: int, noise: float, nodes: Hardware = NODES
+def workers() -> list[Worker]:
+    """The three worker nodes, η = 0 (step 4: no history yet)."""
+    return [Worker(name, 1, pi, beta, LAN_BITS, 0.0) for name, (pi, beta) in GPUS.items()]
+
+
+def predicted_plan(syncs_per_epoch: float) -> tuple[Plan, Allocation]:
+    """What P4's algorithm chooses for the paper's job at this synchronisation frequency."""
+    chosen = best_allocation(
+        ALEXNET,
+        workers(),
+        EPOCHS * MNIST_TRAIN_SAMPLES,
+        syncs=EPOCHS * syncs_per_epoch,
+    )
+    return _plan(chosen.mode, *chosen.workers), chosen
+
+
+def _fastest(times: dict[Plan, float]) -> Plan:
+    return min(times, key=lambda plan: (times[plan], plan))
+
+
+def identical_trials(
+    predicted: Plan, noise: float, trials: int = TRIALS, seed: int = 4
 ) -> tuple[float, dict[str, int]]:
-    """Fraction of trials where the predicted best allocation also measured fastest."""
+    """The paper's accuracy experiment: ``trials`` repetitions of the same experiment, each
+    measuring every plan once with log-normal noise ``noise``; the fraction in which
+    ``predicted`` measured fastest, and how often each plan did."""
     rng = random.Random(seed)
-    workers = _workers(nodes)
-    subsets = [subset for size in (1, 2, 3) for subset in itertools.combinations(workers, size)]
-    hits = 0
-    picked: dict[str, int] = {}
+    hits, fastest_counts = 0, {}
     for _ in range(trials):
-        epochs = rng.randint(1, 10)
-        samples = 60_000 * rng.uniform(0.1, 1.0) * epochs
-        syncs = epochs * round(math.exp(rng.uniform(0.0, math.log(20.0))))
-        predicted = best_allocation(ALEXNET, workers, samples, syncs=syncs)
-        candidates = [predict(ALEXNET, subset, samples, syncs=syncs) for subset in subsets]
-        measured = {c.workers: _measured(c, samples, syncs, rng, noise, nodes) for c in candidates}
-        fastest = min(measured, key=measured.__getitem__)
-        hits += fastest == predicted.workers
-        label = "+".join(predicted.workers) + f" ({predicted.mode})"
-        picked[label] = picked.get(label, 0) + 1
-    return hits / trials, picked
+        times = {plan: MEASURED[plan] * math.exp(rng.gauss(0.0, noise)) for plan in PLANS}
+        fastest = _fastest(times)
+        hits += fastest == predicted
+        fastest_counts[fastest.label] = fastest_counts.get(fastest.label, 0) + 1
+    return hits / trials, fastest_counts
+
+
+def win_thresholds(predicted: Plan, rows: int = LARGE_SAMPLE, seed: int = 11) -> list[float]:
+    """For each of ``rows`` draws of standard-normal noise z (one per plan), the largest σ at
+    which ``predicted`` still measures fastest: it wins iff for every other plan q,
+    log t_p + σ z_p < log t_q + σ z_q, i.e. σ < (log t_q − log t_p) / (z_p − z_q) whenever
+    z_p > z_q. The expected accuracy at σ is the fraction of rows whose threshold exceeds σ."""
+    rng = random.Random(seed)
+    base = {plan: math.log(MEASURED[plan]) for plan in PLANS}
+    thresholds = []
+    for _ in range(rows):
+        z = {plan: rng.gauss(0.0, 1.0) for plan in PLANS}
+        limit = math.inf
+        for plan in PLANS:
+            if plan == predicted:
+                continue
+            gap = base[plan] - base[predicted]
+            if gap <= 0:
+                limit = 0.0  # not the measured best even without noise
+                break
+            if z[predicted] > z[plan]:
+                limit = min(limit, gap / (z[predicted] - z[plan]))
+        thresholds.append(limit)
+    return sorted(thresholds)
+
+
+def expected_accuracy(thresholds: list[float], noise: float) -> float:
+    return sum(limit > noise for limit in thresholds) / len(thresholds)
+
+
+def noise_for(thresholds: list[float], accuracy: float) -> float:
+    """The σ at which the expected accuracy is ``accuracy`` (a quantile of the thresholds)."""
+    index = min(len(thresholds) - 1, max(0, round((1 - accuracy) * len(thresholds))))
+    return thresholds[index]
 
 
 def run(trials: int = TRIALS) -> Report:
-    noises = (0.0, 0.02, 0.05, 0.10)
-    ours, picked = accuracy(trials, seed=4, noise=0.05)
-    sweep = {noise: accuracy(trials, seed=4, noise=noise)[0] for noise in noises}
-    before, picked_before = accuracy(trials, seed=4, noise=0.05, nodes=PREVIOUS_NODES)
-    sweep_before = {
-        noise: accuracy(trials, seed=4, noise=noise, nodes=PREVIOUS_NODES)[0] for noise in noises
-    }
+    syncs = math.ceil(MNIST_TRAIN_SAMPLES / BATCH)
+    predicted, chosen = predicted_plan(syncs)
+    measured_best = _fastest(MEASURED)
+    thresholds = win_thresholds(predicted)
+    sweep = {noise: identical_trials(predicted, noise, trials) for noise in NOISES}
+    expected = {noise: expected_accuracy(thresholds, noise) for noise in NOISES}
+    implied = noise_for(thresholds, PAPER_ACCURACY)
+    # 1000 trials estimate an accuracy to about ±1.7 % (95 %): the σ band that 91.6 % allows.
+    half_width = 1.96 * math.sqrt(PAPER_ACCURACY * (1 - PAPER_ACCURACY) / TRIALS)
+    band = (
+        noise_for(thresholds, PAPER_ACCURACY + half_width),
+        noise_for(thresholds, PAPER_ACCURACY - half_width),
+    )
+    table_w, table_m = table_1_totals()
+
     report = Report(
         "p4_roofline", "P4 — Roofline allocation accuracy (ours vs the paper)", __doc__ or ""
     )
     intensity = round(ALEXNET.intensity, 2)  # the paper computes with I rounded to 1.16
-    gtx1080 = attainable_flops(GTX1080["peak"], GTX1080["bandwidth"], intensity)
-    gtx970 = attainable_flops(GTX970["peak"], GTX970["bandwidth"], intensity)
-    # (quantity, paper's text, ours shown, ours, the paper's range)
-    side = [
+    gtx1080 = attainable_flops(*GPUS["gtx1080"], intensity)
+    gtx970 = attainable_flops(*GPUS["gtx970-a"], intensity)
+    accuracies = [value for value, _ in sweep.values()]
+    # (quantity, the paper's text, ours shown, ours, the paper's range)
+    side: list[tuple[str, str, str, float | list[float], tuple[float, float]]] = [
         (
             "AlexNet intensity I = W/M",
             "1.16 FLOP/B",
             f"{ALEXNET.intensity:.2f} FLOP/B",
             ALEXNET.intensity,
             figure(PAPER_INTENSITY, 0.01),
+        ),
+        (
+            "GTX 1080 I_max = π/β",
+            "17.33 FLOP/B",
+            f"{GPUS['gtx1080'][0] / GPUS['gtx1080'][1]:.2f} FLOP/B",
+            GPUS["gtx1080"][0] / GPUS["gtx1080"][1],
+            figure(PAPER_IMAX["gtx1080"], 0.01),
+        ),
+        (
+            "GTX 970 I_max = π/β",
+            "22.41 FLOP/B",
+            f"{GPUS['gtx970-a'][0] / GPUS['gtx970-a'][1]:.2f} FLOP/B",
+            GPUS["gtx970-a"][0] / GPUS["gtx970-a"][1],
+            figure(PAPER_IMAX["gtx970"], 0.01),
         ),
         (
             "GTX 1080 attainable min(π, β·I)",
@@ -164,110 +285,198 @@ def run(trials: int = TRIALS) -> Report:
             figure(PAPER_ATTAINABLE["gtx970"], 0.01e9),
         ),
         (
-            "predicted best = measured best",
-            f"{PAPER_ACCURACY * 100:.1f} % of 1000",
-            f"{ours * 100:.1f} % of {trials}",
-            ours,
+            "Table 1 summed: W (equation (4))",
+            "≈ 334 MFLOPs",
+            f"{table_w / 1e6:.2f} MFLOPs",
+            table_w,
+            figure(334e6, 1e6),
+        ),
+        (
+            "Table 1 summed: M (equation (5))",
+            "≈ 289 MB",
+            f"{table_m / 1e6:.2f} MB",
+            table_m,
+            figure(289e6, 1e6),
+        ),
+        (
+            "predicted best = measured best, 1000 identical trials",
+            "91.6 %",
+            ", ".join(
+                f"σ {n * 100:g} %: {a * 100:.1f} %" for n, a in zip(NOISES, accuracies, strict=True)
+            ),
+            accuracies,
             figure(PAPER_ACCURACY, 0.001),
         ),
     ]
     verdicts = {quantity: verdict(value, paper) for quantity, _, _, value, paper in side}
+    side_rows = [[q, paper, shown, verdicts[q]] for q, paper, shown, _, _ in side]
+    side_rows.insert(
+        -1,
+        [
+            "the predicted plan",
+            "GTX 1080 alone (section 4.2)",
+            predicted.label,
+            "same" if predicted == _plan("single", "gtx1080") else "different",
+        ],
+    )
+    side_rows.insert(
+        -1,
+        [
+            "the measured-fastest plan without noise",
+            "GTX 1080 alone (figure 6's text)",
+            measured_best.label,
+            "same" if measured_best == _plan("single", "gtx1080") else "different",
+        ],
+    )
     report.table(
         ["quantity", "paper", "ours", "in the paper's range?"],
-        [[quantity, paper, shown, verdicts[quantity]] for quantity, paper, shown, _, _ in side],
+        side_rows,
         "Side by side (paper: section 4.1 after its Table 1, and section 4.2)",
     )
     report.table(
-        ["run-to-run noise σ", "accuracy", "with the previous GPU figures"],
         [
-            [f"{noise * 100:.0f} %", f"{value * 100:.1f} %", f"{sweep_before[noise] * 100:.1f} %"]
-            for noise, value in sweep.items()
+            "run-to-run noise σ",
+            f"accuracy, {trials} identical trials",
+            f"expected accuracy ({LARGE_SAMPLE:,} draws)",
+            "plans that measured fastest",
         ],
-        "Sensitivity to measurement noise",
+        [
+            [
+                f"{noise * 100:g} %",
+                f"{sweep[noise][0] * 100:.1f} %",
+                f"{expected[noise] * 100:.1f} %",
+                "; ".join(
+                    f"{label} {count}"
+                    for label, count in sorted(sweep[noise][1].items(), key=lambda kv: -kv[1])
+                ),
+            ]
+            for noise in NOISES
+        ],
+        "The accuracy experiment over the run-to-run noise the paper does not give",
     )
+    total = EPOCHS * MNIST_TRAIN_SAMPLES
+    alone = predict(ALEXNET, [workers()[0]], total).seconds
+    comparison_syncs = (1, syncs)
+    rows = []
+    for plan in PLANS:
+        chosen_workers = [w for w in workers() if w.name in plan.nodes]
+        row = [plan.label, f"{MEASURED[plan]:.3f}"]
+        for per_epoch in comparison_syncs:
+            seconds = predict(ALEXNET, chosen_workers, total, syncs=EPOCHS * per_epoch).seconds
+            row.append(f"{seconds / alone:.3f}")
+        rows.append(row)
     report.table(
-        ["predicted allocation", "trials", "with the previous GPU figures"],
         [
-            [label, picked.get(label, 0), picked_before.get(label, 0)]
-            for label in sorted(
-                picked.keys() | picked_before.keys(),
-                key=lambda label: (-picked.get(label, 0), -picked_before.get(label, 0), label),
-            )
+            "plan",
+            "measured (paper's text), x GTX 1080 alone",
+            "predicted, 1 sync per epoch",
+            f"predicted, {syncs} syncs per epoch",
         ],
-        "What the predictor chose",
+        rows,
+        "Each plan's time: the paper's measurement against the Roofline prediction",
+    )
+    sync_rows, by_frequency = [], {}
+    for per_epoch in SYNCS_PER_EPOCH:
+        plan, allocation = predicted_plan(per_epoch)
+        by_frequency[str(per_epoch)] = {"plan": plan.label, "seconds": allocation.seconds}
+        sync_rows.append(
+            [
+                per_epoch,
+                plan.label,
+                f"{allocation.seconds / alone:.3f}",
+                "yes" if plan == measured_best else "no",
+            ]
+        )
+    report.table(
+        [
+            "syncs per epoch",
+            "predicted plan",
+            "its predicted time, x GTX 1080 alone",
+            "= the measured best?",
+        ],
+        sync_rows,
+        "The prediction over the synchronisation frequency the paper does not give",
+    )
+    mode_rows = []
+    for nodes in (_PAIR_A, _ALL, _TWO_970):
+        speeds = [w.attainable(ALEXNET) for w in workers() if w.name in nodes]
+        step7 = sync_or_async(speeds)
+        sync_t, async_t = MEASURED[_plan("sync", *nodes)], MEASURED[_plan("async", *nodes)]
+        faster = "async" if async_t < sync_t else "sync"
+        mode_rows.append(
+            [
+                " + ".join(nodes),
+                f"{statistics.pstdev(speeds) / statistics.fmean(speeds):.3f}",
+                step7,
+                faster,
+                f"{abs(sync_t - async_t) / min(sync_t, async_t) * 100:.1f} %",
+            ]
+        )
+    report.table(
+        [
+            "node set",
+            "CV of attainable compute",
+            "step 7 chooses",
+            "measured faster (paper)",
+            "by",
+        ],
+        mode_rows,
+        "Step 7 (sync vs async, decided after the node set) against the paper's measurements",
     )
     report.data = {
-        "accuracy": ours,
+        "predicted_plan": predicted.label,
+        "predicted_seconds": chosen.seconds,
+        "measured_best": measured_best.label,
+        "measured_relative": {plan.label: MEASURED[plan] for plan in PLANS},
+        "accuracy_by_noise": {str(noise): sweep[noise][0] for noise in NOISES},
+        "expected_accuracy_by_noise": {str(noise): expected[noise] for noise in NOISES},
+        "fastest_by_noise": {str(noise): sweep[noise][1] for noise in NOISES},
+        "implied_noise": implied,
+        "implied_noise_band": list(band),
+        "prediction_by_syncs_per_epoch": by_frequency,
+        "table_1": {"flops": table_w, "memory_bytes": table_m},
         "paper_accuracy": PAPER_ACCURACY,
-        "noise_sweep": {str(k): v for k, v in sweep.items()},
-        "picked": picked,
-        "mean_predicted_vs_noise": statistics.fmean(sweep.values()),
         "verdicts": verdicts,
-        "hardware": NODES,
-        "previous_hardware": {
-            "nodes": PREVIOUS_NODES,
-            "accuracy": before,
-            "noise_sweep": {str(k): v for k, v in sweep_before.items()},
-            "picked": picked_before,
-        },
+        "hardware": {name: {"peak": pi, "bandwidth": beta} for name, (pi, beta) in GPUS.items()},
     }
-    report.paragraph("Why ours differs", _why(ours, sweep))
-    report.paragraph(
-        "GPU figures changed", _changed(gtx970, sweep, sweep_before, picked, picked_before)
-    )
+    report.paragraph("Why ours differs", _why(predicted, implied, band, expected, table_w))
     report.paragraph("How the verdicts are computed", VERDICT_RULE)
     return report
 
 
-def _why(ours: float, sweep: dict[float, float]) -> str:
-    return (
-        f"Our accuracy is {ours * 100:.1f} % (paper 91.6 %). It is not a property of the "
-        "Roofline model alone: it counts how often a trial lands close enough to a decision "
-        "boundary (single GTX 1080 vs the three nodes, sync vs async) that what the predictor "
-        "ignores — per-GPU efficiency below the Roofline bound, network efficiency, overhead "
-        "jitter and run-to-run noise — flips the order. With no run-to-run noise the "
-        f"systematic errors alone give {sweep[0.0] * 100:.1f} %; at 10 % noise "
-        f"{sweep[0.1] * 100:.1f} %. The paper repeated one experiment 1000 times (section 4.2: "
-        "AlexNet, 50 epochs, where its predictor chose the GTX 1080 alone and its figure 6 "
-        "measured it 2.3 % shorter than GTX 1080 + GTX 970 asynchronous) and puts its misses "
-        "down to, possibly, network instability or GPUs slowing over long runs; it gives no "
-        "synchronisation frequency, so we drew varied trials instead, and with a different trial "
-        "mix the same predictor scores differently."
-    )
-
-
-def _changed(
-    gtx970: float,
-    sweep: dict[float, float],
-    sweep_before: dict[float, float],
-    picked: dict[str, int],
-    picked_before: dict[str, int],
+def _why(
+    predicted: Plan,
+    implied: float,
+    band: tuple[float, float],
+    expected: dict[float, float],
+    table_w: float,
 ) -> str:
-    old970 = PREVIOUS_NODES["gtx970-a"]
-    old_attainable = attainable_flops(old970["peak"], old970["bandwidth"], 1.16)
-    moved = [
-        f"{noise * 100:.0f} % noise {sweep_before[noise] * 100:.1f} → {value * 100:.1f} %"
-        for noise, value in sweep.items()
-        if round(value, 3) != round(sweep_before[noise], 3)
-    ]
-    same = [
-        f"{noise * 100:.0f} % noise ({value * 100:.1f} %)"
-        for noise, value in sweep.items()
-        if round(value, 3) == round(sweep_before[noise], 3)
-    ]
-    choices = [
-        f"{label} {picked_before.get(label, 0)} → {picked.get(label, 0)}"
-        for label in sorted(picked.keys() | picked_before.keys())
-        if picked.get(label, 0) != picked_before.get(label, 0)
-    ]
+    runner_up = sorted(MEASURED.values())[1]
     return (
-        "This experiment now uses the paper's GPU figures (section 4.1): GTX 970 π = 5.2 "
-        "TFLOP/s and β = 232 GB/s (was NVIDIA's 3.92 TFLOP/s and 224 GB/s), GTX 1080 π = 6.1 "
-        "TFLOP/s (was 8.873; its β, 352 GB/s, is unchanged). AlexNet is memory-bound on both "
-        "GPUs either way, so only the GTX 970's β moves anything: its attainable compute goes "
-        f"from {old_attainable / 1e9:.2f} to {gtx970 / 1e9:.2f} GFLOP/s (the paper's 269.12), "
-        "in the predictor and in the testbed model alike. Over the same trials, accuracy moved "
-        f"at {', '.join(moved) if moved else 'no noise level'}"
-        f"{' and is unchanged at ' + ', '.join(same) if same else ''}; the predictor's choices "
-        f"moved {', '.join(choices) if choices else 'nowhere'} (the tables give both)."
+        f"With the paper's own measurements as the ground truth, the predictor and the "
+        f"measurements agree on the best plan ({predicted.label}); what the accuracy "
+        "experiment then counts is how often run-to-run noise makes another plan measure "
+        "faster in one repetition. Two asynchronous sets with the GTX 1080 measured only "
+        f"{(runner_up - 1) * 100:.1f} % slower than the GTX 1080 alone, so a spread of "
+        f"σ ≈ {implied * 100:.2f} % per run gives the paper's 91.6 % (σ from "
+        f"{band[0] * 100:.2f} % to {band[1] * 100:.2f} % is within what 1000 trials resolve); "
+        f"at σ = 0.5 % ours is {expected[0.005] * 100:.1f} %, at 2 % "
+        f"{expected[0.02] * 100:.1f} %, at 5 % {expected[0.05] * 100:.1f} %. The paper "
+        "reports no run-to-run spread, so its 91.6 % cannot be checked further: it measures "
+        "that spread, not the Roofline model. The model's times disagree with the measurements "
+        "(the table of plans): it predicts a GTX 970 1.52x slower than the GTX 1080 where the "
+        "paper measured 2.20x, and it charges every distributed plan the full 289 MB per "
+        "synchronisation over 100 Mbit/s (23 s each), so with one synchronisation per "
+        "mini-batch it predicts distributed training tens of times slower, where the paper "
+        "measured 2.3 % to 83 % slower; with one per epoch it predicts the three nodes faster "
+        "than the GTX 1080 alone, which the paper did not measure. Its choice agrees with the "
+        "measurements for every frequency of 4 per epoch or more. Step 7 picks asynchronous "
+        "training for both sets with the GTX 1080, as measured, and synchronous for the two "
+        "GTX 970s, where the paper measured the two modes within 0.1 %. Table 1's FLOPS "
+        f"column sums to {table_w / 1e6:.2f} M (the text says ≈ 334 M; {table_w / 2**20:.1f} "
+        "if divided by 2^20); its memory sums to 289.58 MB, which the text gives as ≈ 289 MB "
+        "(truncated; our verdict rule rounds). The 0.1 % between the two GTX 970 modes comes "
+        "from percentages the paper rounds, so that measurement is a tie. We use the "
+        "text's W and M, as the paper's own figures (I = 1.16) do; Table 1's sum would make "
+        "I = 1.21 FLOP/B, still memory-bound on both GPUs, the choice unchanged."
     )
