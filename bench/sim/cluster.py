@@ -71,6 +71,12 @@ class ClusterConfig:
     #: multiplicative noise on the epoch times jobs report (P2 fits them).
     observation_noise: float = 0.02
     seed: int = 0
+    #: each node's network link, bytes/s each way; None keeps the per-copy peer model of
+    #: ``IoBandwidth.peer_per_node``. When set, a read of a shard cached on another node crosses
+    #: the reader's inbound link and the holder's outbound link, a store read the reader's
+    #: inbound link, and multi-node jobs' gradient exchange takes its share of both (see
+    #: ``engine``); co-located reads (the shard on the reader's own node) cross no link.
+    nic_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.cache_mode not in CACHE_MODES:

@@ -14,6 +14,14 @@ the store's total among all store readers (capped per node by the node's store l
 split among that node's readers), a copy's peer bandwidth (holders x per-node) among its peer
 readers, a node's local bandwidth among its local readers.
 
+With ``ClusterConfig.nic_bytes_per_s`` set, peer and store reads cross real links instead: every
+node has a link of that many bytes/s each way. A job's node reading peer shards is one inbound
+flow on its link and one outbound flow on each holder's link, reading each holder's shards in
+proportion to the bytes it holds; a store reader is one inbound flow. A multi-node job's
+gradient exchange (ring all-reduce: 2(n-1)/n of the model's ``sync_bytes`` per step each way,
+at the job's compute rate) is one more flow on each of its nodes' links: max-min fair, it takes
+what it needs up to an equal share, and the data flows split the rest evenly.
+
 Every decision a policy makes is checked (GPUs exist and are free, jobs are in the right state);
 a broken rule stops the run with a :class:`SimulationError` naming the policy and the decision.
 Nothing here reads a clock: time is the simulated time.
@@ -39,6 +47,7 @@ from coordinator.scheduling.model import (
     Start,
     Wait,
 )
+from coordinator.scheduling.perf import local_batch
 from coordinator.scheduling.policy import Policy
 from coordinator.scheduling.tdcs import copy_of
 from coordinator.scheduling.themis import independent_seconds
@@ -117,6 +126,15 @@ class _Job:
     def tolerance(self) -> float:
         """Samples within which a boundary counts as reached (float error of rate x time)."""
         return self.spec.samples_per_epoch * _DONE
+
+
+@dataclass
+class _LinkShares:
+    """Bytes/s one data flow gets of each node's link: inbound (reads arriving) and outbound
+    (peer reads the node serves)."""
+
+    inbound: dict[str, float]
+    outbound: dict[str, float]
 
 
 @dataclass
@@ -424,8 +442,11 @@ class Simulator:
             store_per_node[node] = store_per_node.get(node, 0) + 1
             store_total += 1
 
+        links = self._link_shares(readers, preload_nodes) if self.cluster.nic_bytes_per_s else None
+
         def store_share(node: str) -> float:
-            return min(io.store_per_node / store_per_node[node], io.store_total / store_total)
+            share = min(io.store_per_node / store_per_node[node], io.store_total / store_total)
+            return min(share, links.inbound[node]) if links else share
 
         for run in self.preloads:
             run.rates = {node: store_share(node) for r, node in preload_nodes if r is run}
@@ -437,7 +458,8 @@ class Simulator:
             if job.active(self.now):
                 compute = job.truth.rate(job.spec, job.placement)
                 rate = min(
-                    compute, self._data_rate(job, store_share, local_per_node, peer_per_copy)
+                    compute,
+                    self._data_rate(job, store_share, local_per_node, peer_per_copy, links),
                 )
             self._observe(job, rate)
             job.rate = rate
@@ -448,6 +470,7 @@ class Simulator:
         store_share: Callable[[str], float],
         local_per_node: Mapping[str, int],
         peer_per_copy: Mapping[tuple[str, int], int],
+        links: _LinkShares | None = None,
     ) -> float:
         """Samples/s the job's slowest node can read at its current mix and bandwidth shares."""
         data = self.data.get(job.spec.dataset or "")
@@ -464,13 +487,84 @@ class Simulator:
         rate = math.inf
         for node, gpus in job.placement.items():
             local, peer, miss = job.mix[node]
+            node_peer_bw = peer_bw
+            if links is not None and peer > 0:
+                node_peer_bw = self._peer_flow_rate(job, node, links)
             seconds_per_sample = data.spec.sample_bytes * (
                 (local / (io.local_per_node / local_per_node[node]) if local > 0 else 0.0)
-                + (peer / peer_bw if peer > 0 else 0.0)
+                + (peer / node_peer_bw if peer > 0 else 0.0)
                 + (miss / store_share(node) if miss > 0 else 0.0)
             )
             if seconds_per_sample > 0:
                 rate = min(rate, job.gpus / gpus / seconds_per_sample)
+        return rate
+
+    # --- network links (ClusterConfig.nic_bytes_per_s) -------------------------------------------
+
+    def _peer_holders(self, job: _Job, node: str) -> dict[str, float]:
+        """The other nodes holding bytes of the job's copy: node -> bytes held."""
+        if job.copy is None:
+            return {}
+        copy = self.data[job.spec.dataset or ""].copies[job.copy]
+        return {holder: held for holder, held in copy.cached.items() if held > 0 and holder != node}
+
+    def _gradient_traffic(self) -> dict[str, float]:
+        """Bytes/s each way that multi-node jobs' ring all-reduce puts on each of their nodes."""
+        traffic: dict[str, float] = {}
+        for job in self.live.values():
+            nodes = len(job.placement)
+            if nodes < 2 or not job.active(self.now) or not job.spec.profile.sync_bytes:
+                continue
+            steps_per_s = job.truth.rate(job.spec, job.placement) / (
+                local_batch(job.spec, job.gpus) * job.gpus
+            )
+            per_node = 2 * (nodes - 1) / nodes * job.spec.profile.sync_bytes * steps_per_s
+            for node in job.placement:
+                traffic[node] = traffic.get(node, 0.0) + per_node
+        return traffic
+
+    def _link_shares(
+        self, readers: list[tuple[_Job, str]], preload_nodes: list[tuple[_PreloadRun, str]]
+    ) -> _LinkShares:
+        """What one data flow gets of each node's inbound and outbound link."""
+        nic = float(self.cluster.nic_bytes_per_s or 0.0)
+        inbound_flows: dict[str, int] = {}
+        outbound_flows: dict[str, int] = {}
+        for job, node in readers:
+            _local, peer, miss = job.mix[node]
+            if miss > 0:
+                inbound_flows[node] = inbound_flows.get(node, 0) + 1
+            holders = self._peer_holders(job, node) if peer > 0 else {}
+            if holders:
+                inbound_flows[node] = inbound_flows.get(node, 0) + 1
+                for holder in holders:
+                    outbound_flows[holder] = outbound_flows.get(holder, 0) + 1
+        for _run, node in preload_nodes:
+            inbound_flows[node] = inbound_flows.get(node, 0) + 1
+        gradient = self._gradient_traffic()
+
+        def per_flow(flows: dict[str, int]) -> dict[str, float]:
+            shares = {}
+            for node, count in flows.items():
+                # Max-min fair: the gradient exchange is one flow wanting ``gradient[node]``.
+                taken = min(gradient.get(node, 0.0), nic / (count + 1))
+                shares[node] = (nic - taken) / count
+            return shares
+
+        inbound = {node: nic for node in self.capacity} | per_flow(inbound_flows)
+        outbound = {node: nic for node in self.capacity} | per_flow(outbound_flows)
+        return _LinkShares(inbound, outbound)
+
+    def _peer_flow_rate(self, job: _Job, node: str, links: _LinkShares) -> float:
+        """Bytes/s of ``node``'s peer reads: its inbound share, and each holder's outbound share
+        over the fraction of the peer bytes that holder serves."""
+        holders = self._peer_holders(job, node)
+        held = sum(holders.values())
+        if held <= 0:
+            return math.inf
+        rate = links.inbound[node]
+        for holder, amount in holders.items():
+            rate = min(rate, links.outbound[holder] * held / amount)
         return rate
 
     # --- preloads ---------------------------------------------------------------------------------

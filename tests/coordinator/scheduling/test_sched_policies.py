@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from sched_builders import LINEAR, cluster, job
 
@@ -79,6 +81,22 @@ def test_tdcs_takes_copy_nodes_first_then_fills() -> None:
     choice = TdcsPolicy().place(job("j", 5, dataset="d"), state)
     # S3 = {c, d}: 3 GPUs there, the other 2 from the node with most free GPUs (a).
     assert choice.placement == {"c": 2, "d": 1, "a": 2}
+
+
+def test_tdcs_follows_the_papers_steps_for_t2() -> None:
+    """P1 section 5.2: D1' is cached on S1 = {n1, n2, n3}; T2's candidates are S2 = {n2, ..., n6}
+    (its node selector leaves n1 out); S3 = S1 ∩ S2 = {n2, n3} is taken first, greedily, and
+    the rest comes from S2 \\ S3, most free GPUs first (n5, 4 free, before n4 with 2)."""
+    cached = {"n1": 3 * GB, "n2": 3 * GB, "n3": 4 * GB}
+    data = {"d1": Dataset("d1", 10 * GB, cached)}
+    state = cluster({"n1": 4, "n2": 4, "n3": 4, "n4": 2, "n5": 4, "n6": 3}, datasets=data)
+    t2 = dataclasses.replace(
+        job("t2", 10, dataset="d1"), candidates=frozenset({"n2", "n3", "n4", "n5", "n6"})
+    )
+    choice = TdcsPolicy().place(t2, state)
+    assert choice is not None and choice.placement == {"n3": 4, "n2": 4, "n5": 2}
+    # The greedy order inside S3: most cached bytes first (n3 holds 4 GB, n2 3 GB).
+    assert list(choice.placement)[:2] == ["n3", "n2"]
 
 
 def test_tdcs_suspends_over_the_copy_limit_and_releases_later() -> None:
