@@ -31,7 +31,7 @@ T = TypeVar("T")
 MINUTE = 60.0
 HOUR = 3600.0
 
-#: Gandiva's job-duration classes as P2 uses them: ~30 % under 10 min, 62 % under 100 min,
+#: Gandiva's job-duration statistics (which P2 cites): ~30 % under 10 min, 62 % under 100 min,
 #: 82 % under 1000 min. Within a class durations are log-uniform; the open-ended last class
 #: is capped at 3000 min (our choice).
 GANDIVA_CLASSES: tuple[tuple[float, float, float], ...] = (
@@ -141,7 +141,9 @@ def p2_workload(
     total_gpus: int = 12,
     per_node: int = 4,
 ) -> Trace:
-    """P2: Poisson arrivals (mean gap 15 min), Gandiva durations, 1/2/4-GPU requests."""
+    """Poisson arrivals (mean gap 15 min), Gandiva durations, 1/2/4-GPU requests: an earlier
+    stand-in for P2's workload, kept as a sample trace. P2's own set-up (job classes by one-GPU
+    time in four mixes, one GPU per request) is built in ``bench/sim/experiments/p2.py``."""
     rng = random.Random(seed)
     models = ("resnet50", "googlenet", "inception3", "vgg16", "lstm", "seq2seq")
     specs = []

@@ -522,7 +522,7 @@ def run(seeds: Sequence[int] = tuple(range(REPETITIONS))) -> Report:
         "main_setting": MAIN.describe(),
         "closest_setting": closest.label,
         "seeds": list(seeds),
-        "section_4_2": [_cell_data(cell) for cell in main.cells],
+        "section_4_2": [_cell_data(cell, per_set=True) for cell in main.cells],
         "section_4_3": {
             label: [_cell_data(cell) for cell in cells.values()] for label, cells in density.items()
         },
@@ -533,8 +533,8 @@ def run(seeds: Sequence[int] = tuple(range(REPETITIONS))) -> Report:
     return report
 
 
-def _cell_data(cell: Cell) -> dict[str, object]:
-    return {
+def _cell_data(cell: Cell, *, per_set: bool = False) -> dict[str, object]:
+    data: dict[str, object] = {
         "workload": cell.workload,
         "gap_min": cell.gap_min,
         "means": {
@@ -544,11 +544,13 @@ def _cell_data(cell: Cell) -> dict[str, object]:
             }
             for policy in POLICIES
         },
-        "per_set": {
+    }
+    if per_set:
+        data["per_set"] = {
             policy: [{"jct_s": row.jct_s, "makespan_s": row.makespan_s} for row in rows]
             for policy, rows in cell.sets.items()
-        },
-    }
+        }
+    return data
 
 
 def _class_mean_jct(cells: Sequence[Cell], policy: str, job_class_name: str) -> float | None:
