@@ -279,7 +279,8 @@ def cmd_status(args) -> int:
             f"native reads: {fast['reads']} READs answered in C ({format_size(fast['bytes'])}), "
             f"{fast['fallbacks']} handed to Python; {fast['blocks']} blocks servable; "
             f"dropped {fast['vanished']} vanished, {fast['corrupt']} corrupt; "
-            f"{fast['lookups']} LOOKUPs answered in C"
+            f"{fast['lookups']} LOOKUPs answered in C; {fast.get('open_files', 0)} block files "
+            f"open"
         )
     cache = status["cache"]
     print(

@@ -281,6 +281,22 @@ class _WorkerCollector(Collector):
             "Blocks the native READ path can serve now",
             value=native.get("blocks", 0),
         )
+        yield GaugeMetricFamily(
+            "cachefs_fuse_fast_read_open_files",
+            "Block files the native READ path holds open now (bounded; closed before removal)",
+            value=native.get("open_files", 0),
+        )
+        yield CounterMetricFamily(
+            "cachefs_fuse_loop_returns",
+            "Times the FUSE session loop went back to trio (requests per return: "
+            "cachefs_fuse_loop_requests_total / this)",
+            value=native.get("batches", 0),
+        )
+        yield CounterMetricFamily(
+            "cachefs_fuse_loop_requests",
+            "Requests the FUSE session loop took from /dev/fuse",
+            value=native.get("batched", 0),
+        )
         yield from self._extra()
 
 

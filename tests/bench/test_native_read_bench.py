@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+import xxhash
 
 from bench.native_read_bench import main, process_pass, render, summarise
 from bench.read_bench import BenchmarkFailure
@@ -44,6 +45,25 @@ def test_a_wrong_byte_or_a_short_file_fails_the_pass(tree):
     os.truncate(paths[5], 10)
     with pytest.raises(BenchmarkFailure, match="expected"):
         process_pass(paths, sizes, [5], 1, {})
+
+
+def test_a_large_file_is_read_whole_and_its_checked_mibs_compared(tmp_path):
+    mib = 1 << 20
+    data = os.urandom(3 * mib + 5)
+    path = tmp_path / "large.bin"
+    path.write_bytes(data)
+    digests = {
+        0: xxhash.xxh3_64_intdigest(data[:mib]),
+        2: xxhash.xxh3_64_intdigest(data[2 * mib : 3 * mib]),
+    }
+    assert process_pass([str(path)], [len(data)], [0], 1, {0: digests}) > 0
+    with open(path, "r+b") as f:
+        f.seek(2 * mib + 10)
+        f.write(bytes([data[2 * mib + 10] ^ 1]))
+    with pytest.raises(BenchmarkFailure, match="MiB 2 differs"):
+        process_pass([str(path)], [len(data)], [0], 1, {0: digests})
+    with pytest.raises(BenchmarkFailure, match="expected"):
+        process_pass([str(path)], [len(data) + 1], [0], 1, {0: {}})
 
 
 def test_the_summary_gives_each_system_its_ratio_to_tmpfs():

@@ -7,10 +7,12 @@ own per-operation metrics and the native path's counters."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
 from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
+from cachefs.mountpoint import FUSE_CONNECTIONS
 from tests.fs.test_native_reads import drop_pages_keep_dentries, make_source, native_stats
 from tests.fs.test_no_open import fuse_op_count
 from tests.worker_process import WorkerProcess, drop_page_cache
@@ -74,6 +76,20 @@ def test_extended_attributes_are_refused_once_for_the_whole_mount(worker):
             os.listxattr(path)
     # ENOSYS answered at most once per call kind; the kernel answered the rest itself.
     assert fuse_errors(worker) <= 2
+
+
+@needs_patch
+def test_the_connection_lets_many_readahead_reads_be_in_flight(worker):
+    """The kernel's own view of the connection (/sys/fs/fuse/connections/N, N the mount's
+    device minor): the patch raised libfuse's 12 READs in flight, which 16 readers exceed
+    (congested, the kernel drops its readahead and reads a page at a time)."""
+    if not os.path.ismount(FUSE_CONNECTIONS):  # systemd mounts it at boot; containers may not
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSE_CONNECTIONS], check=True)
+    connection = f"{FUSE_CONNECTIONS}/{os.minor(os.stat(worker.mount).st_dev)}"
+    with open(f"{connection}/max_background") as f:
+        assert int(f.read()) == 256
+    with open(f"{connection}/congestion_threshold") as f:
+        assert int(f.read()) == 192
 
 
 @needs_patch

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import subprocess
 import sys
 import threading
@@ -302,5 +303,37 @@ def test_a_stock_pyfuse3_says_once_that_every_read_is_served_in_python(tmp_path)
         assert read_whole(worker.path("ds", "f.bin")) == b"x" * 1000
         assert worker.status()["fuse_fast_read"] is None
         assert worker.log().count("every READ is served in Python") == 1
+    finally:
+        worker.cleanup()
+
+
+@pytest.mark.skipif(not FAST_READ_SUPPORTED, reason="needs the patched pyfuse3 (scripts/setup.sh)")
+def test_block_files_stay_open_between_reads_within_a_bound_and_close_before_removal(tmp_path):
+    """The native path keeps block files open for their next READs, at most a quarter of the
+    worker's fd limit of them (here lowered to 256 before the first READ: 64), and closes
+    them before the cache removes the files (no descriptor of a removed block survives)."""
+    files = {f"f{i:03d}.bin": bytes([i]) * 9000 for i in range(100)}
+    make_source(tmp_path / "src", files)
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    try:
+        pid = worker.status()["pid"]
+        _soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (256, hard))
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}")
+        paths = {name: worker.path("ds", name) for name in files}
+        for name, path in paths.items():  # first reads: Python, which fills the RAM tier
+            assert read_whole(path) == files[name]
+        drop_pages_keep_dentries()
+        for name, path in paths.items():  # now answered in C, each opening its block file
+            assert read_whole(path) == files[name]
+        stats = native_stats(worker)
+        assert stats["reads"] >= len(files)
+        assert 0 < stats["open_files"] <= 64
+        in_tier = [t for t in worker_fds(pid) if worker.ram_dir in t]
+        assert len(in_tier) == stats["open_files"]
+
+        worker.client.remove_dataset("ds")
+        assert native_stats(worker)["open_files"] == 0
+        assert not [t for t in worker_fds(pid) if worker.ram_dir in t]
     finally:
         worker.cleanup()

@@ -10,15 +10,18 @@ file cannot be identified; this patch passes the inode instead when the handle i
 cachefs uses ordinary opens and works the same, only slower).
 
 The native READ fast path (``cachefs_fast_read.c`` / ``.h`` beside this file, copied into the
-source tree and compiled into the extension): a table that cachefs fills with the verified
-blocks of its RAM tier, consulted by fuse_read() before the Python handler. A READ whose bytes
-are all in it is answered with open + pread + an xxh3 check of every chunk + fuse_reply_buf,
-without the GIL-holding handler or a trio task; anything else falls through unchanged. The
-session loop then takes the next requests from /dev/fuse (waiting up to 50 µs for each, 64 at
-most) without going back to trio for each, as long as they are answered that way. And
-``pyfuse3.cache_listings(True)`` makes OPENDIR replies let the kernel keep directory listings
-(FOPEN_CACHE_DIR) until the directory's inode is invalidated: a warm ``ls -lR`` or ``find``
-then stays in the kernel.
+source tree and compiled into the extension, linked with libxxhash for its run-time AVX2
+dispatch): a table that cachefs fills with the verified blocks of its RAM tier, consulted by
+fuse_read() before the Python handler. A READ whose bytes are all in it is answered with a
+pread (block files stay open, a bounded number) + an xxh3 check of every chunk +
+fuse_reply_buf, without the GIL-holding handler or a trio task; anything else falls through
+unchanged. FUSE_INIT raises the kernel's limit on READs in flight (libfuse's default, 12, is
+below one training job's readers; congested, the kernel reads a file a page at a time). The
+session loop then takes the next requests from /dev/fuse (waiting up to 100 µs for each, without
+the GIL, 128 at most) without going back to trio for each, as long as they are answered that
+way. And ``pyfuse3.cache_listings(True)`` makes OPENDIR replies let the kernel keep directory
+listings (FOPEN_CACHE_DIR) until the directory's inode is invalidated: a warm ``ls -lR`` or
+``find`` then stays in the kernel.
 ``pyfuse3.FAST_READ`` says the patch is there;
 the table's Python API is ``pyfuse3.fast_read_*`` (see cachefs/fs/native_reads.py for how cachefs
 keeps it coherent). Stock pyfuse3 still works: cachefs then serves every READ in Python.
@@ -86,13 +89,14 @@ PATCHES = [
         "        # cachefs: while requests are answered without Python (the fast-read path),\n"
         "        # take the ones already queued the same way (a bounded batch) before going back\n"
         "        # to trio.\n"
-        "        batch = 0\n"
+        "        batch = 1\n"
         "        while (py_retval is None and batch < FAST_BATCH\n"
-        "               and cfr_fd_readable(session_fd, FAST_WAIT_US)):\n"
+        "               and fast_request_waiting(session_fd)):\n"
         "            res = fuse_session_receive_buf(session, &buf)\n"
         "            if res <= 0:\n                break\n"
         "            batch += 1\n"
         "            fuse_session_process_buf(session, &buf)\n"
+        "        cfr_count_batch(batch)\n"
         "        if py_retval is not None:\n            await py_retval\n",
     ),
     (
@@ -118,6 +122,18 @@ PATCHES = [
         "util/build_backend.py",
         "c_sources = ['src/pyfuse3/__init__.pyx']",
         "c_sources = ['src/pyfuse3/__init__.pyx', 'src/pyfuse3/cachefs_fast_read.c']",
+    ),
+    (
+        "util/build_backend.py",
+        "    link_args.append('-lpthread')\n",
+        "    link_args.append('-lpthread')\n"
+        "    link_args.append('-lxxhash')  # cachefs: xxh3 with run-time AVX2 dispatch\n",
+    ),
+    (
+        "src/pyfuse3/handlers.pxi",
+        "    conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS_AUTO)\n",
+        "    conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS_AUTO)\n"
+        "    cfr_init_connection(conn)  # cachefs: more READs in flight (readahead)\n",
     ),
 ]
 #: Files of the fast path, copied from beside this script into the pyfuse3 source tree.

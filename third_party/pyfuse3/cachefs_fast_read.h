@@ -3,8 +3,8 @@
  * A table, filled and emptied by cachefs (Python), says where the verified bytes of a file's
  * cached blocks are: (inode, block index) -> block file path, length, chunk checksums. pyfuse3's
  * fuse_read() first offers each READ to cfr_try_read(): when every block the request touches
- * is in the table, the request is answered here (open, pread, xxh3 check of every chunk read,
- * close, fuse_reply_buf) without a Python handler or a trio task; otherwise (or on any error or
+ * is in the table, the request is answered here (pread from the block file, kept open in a
+ * bounded list, an xxh3 check of every chunk read, fuse_reply_buf) without a Python handler or a trio task; otherwise (or on any error or
  * checksum mismatch) it returns 0 and the request goes to cachefs's Python handler unchanged.
  * The rules that keep the table coherent with the cache are in cachefs_fast_read.c.
  */
@@ -30,6 +30,9 @@ typedef struct {
     uint64_t limit_drops;  /* blocks pushed out of the table by its size limit */
     uint64_t lookups;      /* LOOKUPs answered here */
     uint64_t dentries;     /* names in the lookup table now */
+    uint64_t open_files;   /* block files held open now (at most a bounded number) */
+    uint64_t batches;      /* times the session loop went back to trio after a request */
+    uint64_t batched;      /* requests it took from /dev/fuse before those returns */
 } cfr_stats_t;
 
 /* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE), the most blocks kept and the
@@ -66,7 +69,12 @@ int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
 void cfr_set_cache_listings(int on);
 void cfr_mark_listing(struct fuse_file_info *fi);
 
+/* Called from FUSE_INIT: the connection's limits on requests in flight (see the .c file). */
+void cfr_init_connection(struct fuse_conn_info *conn);
+
 /* 1 if `fd` has data to read within `wait_us` microseconds (0: right now). */
 int cfr_fd_readable(int fd, int wait_us);
+/* Count one return of the session loop to trio, after `requests` requests. */
+void cfr_count_batch(int requests);
 
 #endif

@@ -22,6 +22,9 @@ cdef extern from "cachefs_fast_read.h":
         uint64_t limit_drops
         uint64_t lookups
         uint64_t dentries
+        uint64_t open_files
+        uint64_t batches
+        uint64_t batched
     void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries)
     int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                      uint64_t file_id, const char *path, uint64_t length,
@@ -34,20 +37,31 @@ cdef extern from "cachefs_fast_read.h":
     void cfr_clear()
     void cfr_get_stats(cfr_stats_t *out)
     int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off)
-    int cfr_fd_readable(int fd, int wait_us)
+    int cfr_fd_readable(int fd, int wait_us) nogil
+    void cfr_count_batch(int requests)
     void cfr_set_cache_listings(int on)
     void cfr_mark_listing(fuse_file_info *fi)
+    void cfr_init_connection(fuse_conn_info *conn)
 
 #: True: this pyfuse3 answers READs of registered blocks in C.
 FAST_READ = True
 #: Requests the session loop takes from /dev/fuse in a row, while each is answered in C,
 #: before it goes back to trio (so other tasks still run under a stream of fast reads) ...
-cdef int FAST_BATCH = 64
-#: ... each waited for at most this long: a reader that reads file after file sends its next
-#: READ within tens of microseconds, and waiting here for it costs less than a trip through
-#: trio's scheduler. A batch holds the loop (and the GIL) for its waits, at most FAST_BATCH *
-#: FAST_WAIT_US (3.2 ms), plus its reads: up to 64 x (a 1 MiB pread + xxh3), ~10-20 ms.
-cdef int FAST_WAIT_US = 50
+cdef int FAST_BATCH = 128
+#: ... each waited for at most this long, without the GIL (other threads run meanwhile): a
+#: reader that reads file after file sends its next READ within tens of microseconds, and
+#: waiting here for it costs less than a trip through trio's scheduler (measured with 16
+#: readers: ~20 READs per return to trio). A batch holds the trio loop for its waits, at most
+#: FAST_BATCH * FAST_WAIT_US (12.8 ms), plus its reads: ~100 us per 1 MiB READ.
+cdef int FAST_WAIT_US = 100
+
+
+cdef inline int fast_request_waiting(int fd) noexcept:
+    '''Whether a request arrives within FAST_WAIT_US, waited for without the GIL.'''
+    cdef int readable
+    with nogil:
+        readable = cfr_fd_readable(fd, FAST_WAIT_US)
+    return readable
 
 
 def fast_read_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries):
@@ -98,5 +112,6 @@ def fast_read_stats():
         'fallbacks': s.fallbacks, 'vanished': s.vanished, 'corrupt': s.corrupt,
         'blocks': s.blocks, 'files': s.files, 'registered': s.registered,
         'refused': s.refused, 'limit_drops': s.limit_drops,
-        'lookups': s.lookups, 'dentries': s.dentries,
+        'lookups': s.lookups, 'dentries': s.dentries, 'open_files': s.open_files,
+        'batches': s.batches, 'batched': s.batched,
     }
