@@ -216,7 +216,8 @@ def test_p3_urgent_goes_first() -> None:
     assert next(iter(starts(decisions))) == "urgent"
 
 
-def test_capacity_serves_the_queue_furthest_below_its_share() -> None:
+def test_capacity_starts_only_queues_below_their_capacity() -> None:
+    # 8 GPUs: Normal's capacity is 4 and a Normal job holds them; Prior's is 3 (no borrowing).
     running = (JobState(job("r", 4, qos=QosClass.NORMAL), {"n1": 4}),)
     waiting = (JobState(job("n", 1)), JobState(job("p", 1, qos=QosClass.PRIOR)))
     state = cluster({"n1": 0, "n2": 1}, running=running, waiting=waiting)
