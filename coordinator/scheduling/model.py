@@ -144,6 +144,9 @@ class JobSpec:
     max_gpus: int | None = None
     #: nodes the job may run on (a node selector); None = any node.
     candidates: frozenset[str] | None = None
+    #: the application the job belongs to (P5's apps: a hyper-parameter search is one app of
+    #: many jobs); None = the job is an app of its own.
+    app: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -152,6 +155,11 @@ class JobSpec:
             raise SchedulingError(f"job {self.job_id!r}: samples must be positive")
         if self.max_gpus is not None and self.max_gpus < 1:
             raise SchedulingError(f"job {self.job_id!r}: max_gpus={self.max_gpus} < 1")
+
+    @property
+    def app_id(self) -> str:
+        """The job's application: ``app``, or the job itself when it names none."""
+        return self.app if self.app is not None else self.job_id
 
     @property
     def gpu_cap(self) -> int:
