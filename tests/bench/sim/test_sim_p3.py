@@ -177,3 +177,30 @@ def test_every_policy_runs_a_short_queue_to_the_end() -> None:
         result = runs.result(name, short, 10.0, 0)
         assert len(result.jobs) == len(runs.trace(short, 10.0, 0).jobs)
         assert all(r.finish >= r.first_start >= r.spec.arrival for r in result.jobs)
+
+
+def test_the_report_states_what_its_runs_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small run of the whole report (short tasks, one seed, one sweep): the headline row
+    and the verdicts are worked out here again from the JSON's policy means."""
+    small = p3.Choices(size_scale=0.05)
+    monkeypatch.setattr(p3, "DEFAULT", small)
+    monkeypatch.setattr(p3, "SWEEPS", {"truth": ("k80", "predictor")})
+    report = p3.run(seeds=(0,))
+    data = report.data
+    assert data["seeds"] == [0]
+    for rate in p3.RATES:
+        row = data["results"][str(rate)]
+        best = max(p3.BASELINES, key=lambda n: row[n]["qos_rate"])
+        gain = row[p3.P3]["qos_rate"] / row[best]["qos_rate"] - 1
+        head = data["headline"][str(rate)]
+        assert head["best_qos_baseline"] == best
+        assert head["qos_gain"] == pytest.approx(gain)
+        low, high = 0.6735, 0.6745  # +67.4 % as printed
+        expected = "inside" if low <= gain <= high else "outside"
+        assert data["verdicts"][str(rate)]["qos_gain"].startswith(expected)
+        cells = next(
+            line for line in report.markdown().splitlines() if line.startswith(f"| {rate:g}/h |")
+        )
+        assert p3.pct(gain) in cells and best in cells
+    assert set(data["sweeps"]["truth"]) == {"k80", "predictor"}
+    assert "TODO" not in report.markdown()
