@@ -324,7 +324,7 @@ class Worker(WorkerAPI):
         table = fuse_ops.native_read_table(cfg.fast_read, ops.no_open)
         if table is not None:
             self.fs.native = NativeReads(table, self.cache, self.fs.reader)
-            ops.native_lookups = table
+            ops.use_native_table(table)
             self.metrics.native_reads = self.fs.native.stats
         try:
             fuse_ops.mount(

@@ -27,7 +27,7 @@ from cachefs.errors import (
     StoreError,
 )
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, Attr, FileSystem
-from cachefs.fs.native_reads import NativeReadTable
+from cachefs.fs.native_reads import NATIVE_LISTING_BYTES, ListingPacker, NativeReadTable
 from cachefs.metrics import WorkerMetrics
 
 log = logging.getLogger("cachefs.fuse")
@@ -100,6 +100,12 @@ class FuseOperations(pyfuse3.Operations):
         # dataset's inodes on a refresh or removal (FileSystem._changed).
         self.native_lookups: _PyfuseNativeReadTable | None = None
 
+    def use_native_table(self, table: _PyfuseNativeReadTable) -> None:
+        """Remember LOOKUP replies and whole directory listings in the binding's table (its
+        READDIRPLUS replies carry this adapter's timeouts)."""
+        table.configure_listings(NATIVE_LISTING_BYTES, self.entry_timeout, self.attr_timeout)
+        self.native_lookups = table
+
     # --- helpers -----------------------------------------------------------------------------
 
     def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
@@ -163,10 +169,27 @@ class FuseOperations(pyfuse3.Operations):
 
     async def readdir(self, fh, start_id, token):
         began = time.perf_counter()
+        # With the native table, a listing from the start is read to its end and registered
+        # whole: the kernel's later READDIRPLUS requests of the directory (this listing's next
+        # pages, and every cold listing until a refresh) are answered in C. Not the mount
+        # root: adding a dataset changes it without changing any dataset's inodes.
+        table = self.native_lookups
+        whole = table is not None and start_id == 0 and fh != MOUNT_ROOT
+        packer = ListingPacker() if whole else None
         try:
+            replying = True
             for name, attr, next_id in self.fs.readdir(fh, start_id):
-                if not pyfuse3.readdir_reply(token, name, self._entry(attr), next_id):
+                if replying and not pyfuse3.readdir_reply(token, name, self._entry(attr), next_id):
+                    replying = False
+                if packer is not None and not packer.add(
+                    name, attr.ino, next_id, attr.size, attr.mtime_ns,
+                    attr.mode, attr.nlink, attr.uid, attr.gid,
+                ):  # fmt: skip
+                    packer = None
+                if not replying and packer is None:
                     break
+            if packer is not None and (packed := packer.packed) is not None:
+                table.register_listing(fh, *packed)
         except Exception as exc:
             raise self._fail(exc, "readdir") from None
         finally:
@@ -296,6 +319,12 @@ class _PyfuseNativeReadTable:
 
     def forget_file(self, file_id: int) -> None:
         pyfuse3.fast_read_forget_file(file_id)
+
+    def configure_listings(self, max_bytes: int, entry_timeout: float, attr_timeout: float) -> None:
+        pyfuse3.fast_listing_configure(max_bytes, entry_timeout, attr_timeout)
+
+    def register_listing(self, dir_ino: int, packed: bytes, count: int) -> bool:
+        return pyfuse3.fast_listing_register(dir_ino, packed, count)
 
     def forget_inodes(self, lo: int, hi: int) -> None:
         pyfuse3.fast_read_forget_inodes(lo, hi)

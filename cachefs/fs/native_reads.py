@@ -19,9 +19,15 @@ enter that table, and keeps it coherent with the cache and the snapshots:
 * **Checked every time**: the C READ checks every chunk it reads against the checksums; a file
   that is gone, short or corrupt is dropped from the table and the READ goes to Python, which
   drops the block from the cache and fetches it again.
-* **Bounded**: no descriptor outlives a READ, and the table keeps at most
-  :data:`NATIVE_READ_BLOCKS` blocks (the oldest registration goes first), whose files' block
-  arrays hold at most 4 slots per block in all (8 bytes each).
+* **Bounded**: at most min(4096, a quarter of the fd limit) block files are open at once
+  (least recently read closed first), and the table keeps at most :data:`NATIVE_READ_BLOCKS`
+  blocks (the oldest registration goes first), whose files' block arrays hold at most 4 slots
+  per block in all (8 bytes each).
+
+The same table answers LOOKUPs the kernel repeats (the replies :class:`FuseOperations` gave)
+and READDIRPLUS of directories listed once: :func:`pack_listing` turns a directory's whole
+listing into the records the C side keeps (at most :data:`NATIVE_LISTING_BYTES` of them, the
+least recently used dropped first), forgotten with the dataset's inodes like its blocks.
 
 Only no-open mode uses it: there every READ of an inode reads the snapshot served now, which is
 what the table holds. With open handles a file opened before a refresh keeps its old version,
@@ -31,6 +37,8 @@ which a table keyed by inode could not tell apart.
 from __future__ import annotations
 
 import os
+import struct
+from collections.abc import Iterable
 from typing import Protocol
 
 from cachefs.cache.base import CHUNK_SIZE, BlockCache
@@ -44,6 +52,14 @@ NATIVE_LOOKUP_NAMES = 1 << 18
 BLOCKS_PER_LOOKUP = 64
 #: ... and after a Python READ: the blocks it touched and up to this many after them.
 BLOCKS_AHEAD_OF_READ = 16
+#: Memory the C side's directory listings may take in all (~80 bytes per entry: ~800k entries).
+NATIVE_LISTING_BYTES = 64 << 20
+#: A directory with more entries than this is not packed (the C side keeps at most a quarter
+#: of NATIVE_LISTING_BYTES for one directory): Python lists it, as without the table.
+MAX_LISTING_ENTRIES = 200_000
+#: One child in a packed listing (cachefs_fast_read.h, cfr_register_listing): inode, the offset
+#: the kernel resumes after it, size, mtime_ns, mode, nlink, uid, gid, name length; then the name.
+LISTING_RECORD = struct.Struct("<QQQqIIIIH")
 #: The tier whose blocks the C side reads (a pread from tmpfs: microseconds, fine to do while
 #: holding the FUSE loop; an SSD read is not).
 NATIVE_TIER = "ram"
@@ -68,11 +84,57 @@ class NativeReadTable(Protocol):
 
     def forget_file(self, file_id: int) -> None: ...
 
+    def configure_listings(
+        self, max_bytes: int, entry_timeout: float, attr_timeout: float
+    ) -> None: ...
+
+    def register_listing(self, dir_ino: int, packed: bytes, count: int) -> bool: ...
+
     def forget_inodes(self, lo: int, hi: int) -> None: ...
 
     def clear(self) -> None: ...
 
     def stats(self) -> dict[str, int]: ...
+
+
+class ListingPacker:
+    """Packs a directory's children, in listing order, for ``register_listing``; gives up
+    (``packed`` None) past :data:`MAX_LISTING_ENTRIES`."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] | None = []
+
+    def add(self, name: bytes, ino: int, resume_offset: int, size: int, mtime_ns: int,
+            mode: int, nlink: int, uid: int, gid: int) -> bool:  # fmt: skip
+        """Add one child; False once the listing is too large to pack."""
+        parts = self._parts
+        if parts is None:
+            return False
+        if len(parts) >= 2 * MAX_LISTING_ENTRIES:
+            self._parts = None
+            return False
+        record = LISTING_RECORD.pack(
+            ino, resume_offset, size, mtime_ns, mode, nlink, uid, gid, len(name)
+        )
+        parts.append(record)
+        parts.append(name)
+        return True
+
+    @property
+    def packed(self) -> tuple[bytes, int] | None:
+        """The records and their count, or None if the listing was too large."""
+        if self._parts is None:
+            return None
+        return b"".join(self._parts), len(self._parts) // 2
+
+
+def pack_listing(children: Iterable[tuple]) -> tuple[bytes, int] | None:
+    """Pack ``(name, ino, resume_offset, size, mtime_ns, mode, nlink, uid, gid)`` tuples."""
+    packer = ListingPacker()
+    for child in children:
+        if not packer.add(*child):
+            return None
+    return packer.packed
 
 
 class NativeReads:

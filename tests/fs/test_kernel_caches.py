@@ -166,3 +166,53 @@ def test_no_listing_the_kernel_keeps_outlives_a_removed_dataset_or_directory(wor
         f.write("2\n")  # dentries and inodes, not the root's cached listing (pinned)
     worker.client.remove_dataset("ds")
     assert "ds" not in os.listdir(worker.mount)
+
+
+def listing_of(root: str) -> dict[str, tuple[int, int, int]]:
+    """Every entry under ``root`` as scandir + lstat see it: relative path -> mode, size, mtime."""
+    seen = {}
+    for directory, _dirs, files in os.walk(root):
+        for name in [*_dirs, *files]:
+            path = os.path.join(directory, name)
+            st = os.lstat(path)
+            seen[os.path.relpath(path, root)] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return seen
+
+
+@needs_patch
+def test_cold_listings_are_answered_in_c_with_the_same_entries_and_a_refresh_shows_changes(
+    tmp_path,
+):
+    """A directory listed once from the start is registered whole in the binding: after
+    `echo 3` (dentries, inodes and the kernel's kept listings dropped) its READDIRPLUS requests
+    are answered in C, every page of a directory too large for one reply resumed at the offset
+    Python gave, with exactly the entries and attributes Python gives; a refresh forgets the
+    dataset's listings, so an added and a removed file show."""
+    files = {f"big/f{i:04d}-{'x' * (i % 40)}.bin": bytes([i % 256]) * (i % 7) for i in range(700)}
+    files |= {f"small/s{i}.bin": b"s" * i for i in range(5)}
+    make_source(tmp_path / "src", files)
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}")
+        root = worker.path("ds")
+        first = listing_of(root)  # listed in Python, registered
+        assert len(first) == len(files) + 2
+        assert first["big/f0003-xxx.bin"][1] == 3
+
+        drop_page_cache()
+        python_listings = fuse_op_count(worker, "readdir")
+        native_before = native_stats(worker)["readdirs"]
+        assert listing_of(root) == first
+        assert native_stats(worker)["readdirs"] - native_before >= 3  # big needs several pages
+        assert fuse_op_count(worker, "readdir") - python_listings <= 1  # the dataset's root
+
+        os.unlink(tmp_path / "src" / "big" / "f0001-x.bin")
+        (tmp_path / "src" / "big" / "new.bin").write_bytes(b"n" * 11)
+        worker.client.refresh_dataset("ds")
+        drop_page_cache()
+        after = listing_of(root)
+        assert "big/f0001-x.bin" not in after
+        assert after["big/new.bin"][1] == 11
+        assert len(after) == len(first)
+    finally:
+        worker.cleanup()

@@ -21,7 +21,8 @@ session loop then takes the next requests from /dev/fuse (waiting up to 100 µs 
 the GIL, 128 at most) without going back to trio for each, as long as they are answered that
 way. And ``pyfuse3.cache_listings(True)`` makes OPENDIR replies let the kernel keep directory
 listings (FOPEN_CACHE_DIR) until the directory's inode is invalidated: a warm ``ls -lR`` or
-``find`` then stays in the kernel.
+``find`` then stays in the kernel; a cold one (dentries dropped) is answered in C from the
+listings cachefs registers (``pyfuse3.fast_listing_*``) once it has listed a directory.
 ``pyfuse3.FAST_READ`` says the patch is there;
 the table's Python API is ``pyfuse3.fast_read_*`` (see cachefs/fs/native_reads.py for how cachefs
 keeps it coherent). Stock pyfuse3 still works: cachefs then serves every READ in Python.
@@ -103,6 +104,38 @@ PATCHES = [
         "src/pyfuse3/internal.pxi",
         "    cdef int res\n    cdef fuse_buf buf\n",
         "    cdef int res\n    cdef int batch\n    cdef fuse_buf buf\n",
+    ),
+    (
+        "src/pyfuse3/handlers.pxi",
+        "    global py_retval\n    cdef _Container c = _Container()\n    c.req = req\n"
+        "    c.size = size\n    c.off = off\n    c.fh = fi.fh\n"
+        "    save_retval(fuse_readdirplus_async(c))\n",
+        "    global py_retval\n    cdef _Container c\n"
+        "    # cachefs: a listing cachefs registered whole is answered in C.\n"
+        "    if cfr_try_readdirplus(req, fi.fh, size, off):\n        return\n"
+        "    c = _Container()\n    c.req = req\n"
+        "    c.size = size\n    c.off = off\n    c.fh = fi.fh\n"
+        "    save_retval(fuse_readdirplus_async(c))\n",
+    ),
+    (
+        "src/pyfuse3/handlers.pxi",
+        "cdef void fuse_opendir (fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi):\n"
+        "    cdef _Container c = _Container()\n    c.req = req\n",
+        "cdef void fuse_opendir (fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi):\n"
+        "    cdef _Container c\n"
+        "    # cachefs: OPENDIR of a directory whose listing is registered is answered in C.\n"
+        "    if cfr_try_opendir(req, ino, fi):\n        return\n"
+        "    c = _Container()\n    c.req = req\n",
+    ),
+    (
+        "src/pyfuse3/handlers.pxi",
+        "cdef void fuse_releasedir (fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi):\n"
+        "    cdef _Container c = _Container()\n",
+        "cdef void fuse_releasedir (fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi):\n"
+        "    cdef _Container c\n"
+        "    # cachefs: nothing to release per directory while listings are served in C.\n"
+        "    if cfr_try_releasedir(req):\n        return\n"
+        "    c = _Container()\n",
     ),
     (
         "src/pyfuse3/__init__.pyx",

@@ -112,6 +112,8 @@ static cfr_block *oldest, *newest;
 static cfr_stats_t stats;
 static uint64_t array_slots; /* sum of nblocks over the files in the table */
 static unsigned char *out_buf, *scratch_buf;
+static int reserve(unsigned char **buf, size_t *cap, size_t need);
+void cfr_mark_listing(struct fuse_file_info *fi);
 static size_t out_cap, scratch_cap;
 static cfr_block *oldest_open, *newest_open;
 static uint64_t open_fds, max_open_fds;
@@ -344,6 +346,248 @@ int cfr_try_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
     return 1;
 }
 
+/* ---- the listing table: READDIRPLUS of directories cachefs listed once ----
+ *
+ * cachefs registers a directory's whole listing (every child's name, inode, attributes and the
+ * offset the kernel resumes after it) when it lists the directory from the start in Python;
+ * later READDIRPLUS requests of it, at any offset cachefs gave, are answered here. Coherence:
+ * the listing is of the snapshot served when it was registered (no await in between), and
+ * cfr_forget_inodes() drops the listings of a dataset's directories before a snapshot swap or
+ * a removal. Bounded: at most max_listing_bytes in all (the least recently used go first). */
+
+typedef struct {
+    uint64_t ino;
+    uint64_t off;       /* the offset the kernel resumes after this entry */
+    uint64_t size;
+    int64_t mtime_ns;
+    uint32_t mode, nlink, uid, gid;
+    uint32_t name_at;   /* into the listing's names: NUL-terminated */
+} cfr_dirent;
+
+typedef struct cfr_listing {
+    uint64_t dir;
+    uint64_t count;
+    uint64_t hint;                /* the entry after the last one replied (sequential reads) */
+    uint64_t bytes;
+    struct cfr_listing *next;     /* chain of the by-directory table */
+    struct cfr_listing *older, *newer;
+    char *names;
+    cfr_dirent entries[];
+} cfr_listing;
+
+static table_t by_dir;
+static cfr_listing *oldest_listing, *newest_listing;
+static uint64_t listing_bytes, max_listing_bytes; /* 0: no listings kept (until configured) */
+static double listing_entry_timeout, listing_attr_timeout;
+
+static cfr_listing *find_listing(uint64_t dir) {
+    if (!by_dir.mask) return NULL;
+    for (cfr_listing *l = by_dir.slots[slot_of(&by_dir, dir)]; l; l = l->next)
+        if (l->dir == dir) return l;
+    return NULL;
+}
+
+static void remove_listing(cfr_listing *l) {
+    cfr_listing **p = (cfr_listing **)&by_dir.slots[slot_of(&by_dir, l->dir)];
+    while (*p != l) p = &(*p)->next;
+    *p = l->next;
+    if (l->older) l->older->newer = l->newer;
+    else oldest_listing = l->newer;
+    if (l->newer) l->newer->older = l->older;
+    else newest_listing = l->older;
+    listing_bytes -= l->bytes;
+    stats.listings--;
+    free(l);
+}
+
+static int grow_listings(void) {
+    if (by_dir.mask && stats.listings + 1 <= by_dir.mask + 1) return 0;
+    uint64_t size = by_dir.mask ? (by_dir.mask + 1) * 2 : 1024;
+    void **slots = calloc(size, sizeof(void *));
+    if (!slots) return -1;
+    table_t bigger = {slots, size - 1};
+    for (cfr_listing *l = oldest_listing; l; l = l->newer) {
+        uint64_t s = slot_of(&bigger, l->dir);
+        l->next = slots[s];
+        slots[s] = l;
+    }
+    free(by_dir.slots);
+    by_dir = bigger;
+    return 0;
+}
+
+/* The packed record cachefs sends per child (little-endian), followed by the name. */
+#define LISTING_RECORD 50
+
+static uint64_t le64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--) v = v << 8 | p[k];
+    return v;
+}
+
+static uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int cfr_register_listing(uint64_t dir, const unsigned char *packed, size_t len, uint64_t count) {
+    /* Check the records first: a listing is used only whole. */
+    size_t names_len = 0, at = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        if (len - at < LISTING_RECORD) return -1;
+        size_t name_len = (size_t)packed[at + 48] | (size_t)packed[at + 49] << 8;
+        if (name_len == 0 || len - at - LISTING_RECORD < name_len) return -1;
+        at += LISTING_RECORD + name_len;
+        names_len += name_len + 1;
+    }
+    if (at != len) return -1;
+    uint64_t bytes = sizeof(cfr_listing) + count * sizeof(cfr_dirent) + names_len;
+    if (bytes > max_listing_bytes / 4) return -1; /* one directory may not take the table */
+    cfr_listing *l = malloc(bytes);
+    if (!l) return -1;
+    l->dir = dir;
+    l->count = count;
+    l->hint = 0;
+    l->bytes = bytes;
+    l->names = (char *)(l->entries + count);
+    at = 0;
+    size_t name_at = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        const unsigned char *r = packed + at;
+        cfr_dirent *e = &l->entries[i];
+        e->ino = le64(r);
+        e->off = le64(r + 8);
+        e->size = le64(r + 16);
+        e->mtime_ns = (int64_t)le64(r + 24);
+        e->mode = le32(r + 32);
+        e->nlink = le32(r + 36);
+        e->uid = le32(r + 40);
+        e->gid = le32(r + 44);
+        size_t name_len = (size_t)r[48] | (size_t)r[49] << 8;
+        memcpy(l->names + name_at, r + LISTING_RECORD, name_len);
+        l->names[name_at + name_len] = '\0';
+        e->name_at = (uint32_t)name_at;
+        name_at += name_len + 1;
+        at += LISTING_RECORD + name_len;
+    }
+    pthread_mutex_lock(&lock);
+    if (grow_listings() != 0) {
+        pthread_mutex_unlock(&lock);
+        free(l);
+        return -1;
+    }
+    cfr_listing *old = find_listing(dir);
+    if (old) remove_listing(old);
+    while (listing_bytes + bytes > max_listing_bytes && oldest_listing)
+        remove_listing(oldest_listing);
+    uint64_t s = slot_of(&by_dir, dir);
+    l->next = by_dir.slots[s];
+    by_dir.slots[s] = l;
+    l->newer = NULL;
+    l->older = newest_listing;
+    if (newest_listing) newest_listing->newer = l;
+    else oldest_listing = l;
+    newest_listing = l;
+    listing_bytes += bytes;
+    stats.listings++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+void cfr_configure_listings(uint64_t max_bytes, double entry_timeout, double attr_timeout) {
+    pthread_mutex_lock(&lock);
+    max_listing_bytes = max_bytes;
+    listing_entry_timeout = entry_timeout;
+    listing_attr_timeout = attr_timeout;
+    while (listing_bytes > max_listing_bytes && oldest_listing) remove_listing(oldest_listing);
+    pthread_mutex_unlock(&lock);
+}
+
+static unsigned char *dir_buf;
+static size_t dir_cap;
+
+/* OPENDIR of a directory whose listing is here: answered as cachefs answers it (the handle is
+ * the inode; the kernel may keep the listing), without Python. */
+int cfr_try_opendir(fuse_req_t req, uint64_t dir, struct fuse_file_info *fi) {
+    pthread_mutex_lock(&lock);
+    int known = find_listing(dir) != NULL;
+    if (known) stats.opendirs++;
+    pthread_mutex_unlock(&lock);
+    if (!known) return 0;
+    fi->fh = dir;
+    cfr_mark_listing(fi);
+    fuse_reply_open(req, fi);
+    return 1;
+}
+
+/* RELEASEDIR: cachefs keeps nothing per open directory, so while listings are served here the
+ * reply needs no Python. */
+int cfr_try_releasedir(fuse_req_t req) {
+    if (!max_listing_bytes) return 0;
+    fuse_reply_err(req, 0);
+    return 1;
+}
+
+int cfr_try_readdirplus(fuse_req_t req, uint64_t dir, size_t size, off_t off) {
+    pthread_mutex_lock(&lock);
+    cfr_listing *l = find_listing(dir);
+    if (!l || reserve(&dir_buf, &dir_cap, size) != 0) {
+        pthread_mutex_unlock(&lock);
+        return 0;
+    }
+    uint64_t i = 0;
+    if (off != 0) { /* resume after the entry whose offset is `off`: usually the hint */
+        if (l->hint > 0 && l->hint <= l->count && l->entries[l->hint - 1].off == (uint64_t)off) {
+            i = l->hint;
+        } else {
+            while (i < l->count && l->entries[i].off != (uint64_t)off) i++;
+            if (i == l->count) { /* an offset this listing never gave: Python answers */
+                pthread_mutex_unlock(&lock);
+                return 0;
+            }
+            i++;
+        }
+    }
+    size_t used = 0;
+    struct fuse_entry_param e;
+    memset(&e, 0, sizeof(e));
+    e.entry_timeout = listing_entry_timeout;
+    e.attr_timeout = listing_attr_timeout;
+    for (; i < l->count; i++) {
+        const cfr_dirent *d = &l->entries[i];
+        e.ino = d->ino;
+        e.attr.st_ino = d->ino;
+        e.attr.st_mode = d->mode;
+        e.attr.st_nlink = d->nlink;
+        e.attr.st_uid = d->uid;
+        e.attr.st_gid = d->gid;
+        e.attr.st_size = (off_t)d->size;
+        e.attr.st_blksize = 1 << 17;
+        e.attr.st_blocks = (blkcnt_t)((d->size + 511) / 512);
+        e.attr.st_atim.tv_sec = e.attr.st_mtim.tv_sec = e.attr.st_ctim.tv_sec =
+            (time_t)(d->mtime_ns / 1000000000);
+        e.attr.st_atim.tv_nsec = e.attr.st_mtim.tv_nsec = e.attr.st_ctim.tv_nsec =
+            (long)(d->mtime_ns % 1000000000);
+        size_t need = fuse_add_direntry_plus(req, (char *)dir_buf + used, size - used,
+                                             l->names + d->name_at, &e, (off_t)d->off);
+        if (need > size - used) break;
+        used += need;
+    }
+    l->hint = i;
+    if (newest_listing != l) { /* most recently used last */
+        if (l->older) l->older->newer = l->newer;
+        else oldest_listing = l->newer;
+        l->newer->older = l->older;
+        l->newer = NULL;
+        l->older = newest_listing;
+        newest_listing->newer = l;
+        newest_listing = l;
+    }
+    stats.readdirs++;
+    fuse_reply_buf(req, (const char *)dir_buf, used);
+    pthread_mutex_unlock(&lock);
+    return 1;
+}
+
 /* ---- what cachefs calls ---- */
 
 void cfr_configure(uint64_t new_chunk_size, uint64_t new_max_blocks,
@@ -490,6 +734,12 @@ void cfr_forget_inodes(uint64_t lo, uint64_t hi) {
         if (f->ino >= lo && f->ino <= hi) remove_file(f);
         f = next;
     }
+    cfr_listing *l = oldest_listing;
+    while (l) {
+        cfr_listing *next = l->newer;
+        if (l->dir >= lo && l->dir <= hi) remove_listing(l);
+        l = next;
+    }
     pthread_mutex_unlock(&lock);
 }
 
@@ -500,6 +750,7 @@ void cfr_clear(void) {
 void cfr_get_stats(cfr_stats_t *out) {
     pthread_mutex_lock(&lock);
     stats.open_files = open_fds;
+    stats.listing_bytes = listing_bytes;
     *out = stats;
     pthread_mutex_unlock(&lock);
 }

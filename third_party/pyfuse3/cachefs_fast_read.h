@@ -33,6 +33,10 @@ typedef struct {
     uint64_t open_files;   /* block files held open now (at most a bounded number) */
     uint64_t batches;      /* times the session loop went back to trio after a request */
     uint64_t batched;      /* requests it took from /dev/fuse before those returns */
+    uint64_t readdirs;     /* READDIRPLUS requests answered here */
+    uint64_t opendirs;     /* OPENDIRs answered here */
+    uint64_t listings;     /* directory listings in the listing table now */
+    uint64_t listing_bytes; /* ... and the memory they take */
 } cfr_stats_t;
 
 /* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE), the most blocks kept and the
@@ -53,10 +57,24 @@ int cfr_register_dentry(uint64_t parent, const char *name, size_t name_len,
 /* Answer a LOOKUP from the table: 1 when replied, 0 to fall through. */
 int cfr_try_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
 
+/* Register the whole listing of directory `dir`: `count` packed records (little-endian: ino,
+ * resume offset, size, mtime_ns as 8 bytes each; mode, nlink, uid, gid as 4; name length as 2;
+ * then the name). 0 when kept, -1 when refused (malformed, or larger than a quarter of the
+ * table's bound). */
+int cfr_register_listing(uint64_t dir, const unsigned char *packed, size_t len, uint64_t count);
+/* The listing table's bound in bytes, and the timeouts its READDIRPLUS replies give. */
+void cfr_configure_listings(uint64_t max_bytes, double entry_timeout, double attr_timeout);
+/* Answer a READDIRPLUS from the listing table: 1 when replied, 0 to fall through. */
+int cfr_try_readdirplus(fuse_req_t req, uint64_t dir, size_t size, off_t off);
+/* Answer OPENDIR of a directory whose listing is in the table, and RELEASEDIR while the table
+ * is on (cachefs keeps nothing per open directory): 1 when replied, 0 to fall through. */
+int cfr_try_opendir(fuse_req_t req, uint64_t dir, struct fuse_file_info *fi);
+int cfr_try_releasedir(fuse_req_t req);
+
 /* Drop every block whose cache file has this id (called before the file is removed). */
 void cfr_forget_file(uint64_t file_id);
-/* Drop every inode in [lo, hi], and every name under a directory in [lo, hi] or naming an
- * inode in it (a dataset removed or its snapshot swapped). */
+/* Drop every inode in [lo, hi], every name under a directory in [lo, hi] or naming an inode
+ * in it, and the listings of directories in it (a dataset removed or its snapshot swapped). */
 void cfr_forget_inodes(uint64_t lo, uint64_t hi);
 void cfr_clear(void);
 void cfr_get_stats(cfr_stats_t *out);

@@ -25,6 +25,10 @@ cdef extern from "cachefs_fast_read.h":
         uint64_t open_files
         uint64_t batches
         uint64_t batched
+        uint64_t readdirs
+        uint64_t opendirs
+        uint64_t listings
+        uint64_t listing_bytes
     void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries)
     int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                      uint64_t file_id, const char *path, uint64_t length,
@@ -39,6 +43,12 @@ cdef extern from "cachefs_fast_read.h":
     int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off)
     int cfr_fd_readable(int fd, int wait_us) nogil
     void cfr_count_batch(int requests)
+    int cfr_register_listing(uint64_t dir, const unsigned char *packed, size_t len,
+                             uint64_t count)
+    void cfr_configure_listings(uint64_t max_bytes, double entry_timeout, double attr_timeout)
+    int cfr_try_readdirplus(fuse_req_t req, uint64_t dir, size_t size, off_t off)
+    int cfr_try_opendir(fuse_req_t req, uint64_t dir, fuse_file_info *fi)
+    int cfr_try_releasedir(fuse_req_t req)
     void cfr_set_cache_listings(int on)
     void cfr_mark_listing(fuse_file_info *fi)
     void cfr_init_connection(fuse_conn_info *conn)
@@ -83,6 +93,18 @@ def fast_read_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64
                         len(chunk_sums)) == 0
 
 
+def fast_listing_configure(uint64_t max_bytes, double entry_timeout, double attr_timeout):
+    '''Bound the listing table (bytes; 0: keep none) and set the timeouts of its replies.'''
+    cfr_configure_listings(max_bytes, entry_timeout, attr_timeout)
+
+
+def fast_listing_register(uint64_t dir_inode, bytes packed, uint64_t count):
+    '''Register the whole listing of a directory (``count`` packed records, see
+    cachefs_fast_read.h); False if refused.'''
+    return cfr_register_listing(dir_inode, <const unsigned char *> (<const char *> packed),
+                                len(packed), count) == 0
+
+
 def fast_read_forget_file(uint64_t file_id):
     '''Drop every block whose cache file has this id (call before removing the file).'''
     cfr_forget_file(file_id)
@@ -114,4 +136,5 @@ def fast_read_stats():
         'refused': s.refused, 'limit_drops': s.limit_drops,
         'lookups': s.lookups, 'dentries': s.dentries, 'open_files': s.open_files,
         'batches': s.batches, 'batched': s.batched,
+        'readdirs': s.readdirs, 'opendirs': s.opendirs, 'listings': s.listings, 'listing_bytes': s.listing_bytes,
     }
