@@ -23,6 +23,11 @@ served by the Python handler — the path before the fast path, and what a stock
 * ``large_first_read_ram`` — ``--large-files`` files of ``--large-mib`` MiB in the RAM tier,
   page cache dropped, one reader, MB/s.
 * ``ls_lR`` and ``find`` of the tree, warm (run once untimed first): seconds.
+* ``walk_cold_first`` / ``walk_cold_second`` (with ``--walk N``) — an ImageNet-shaped namespace
+  of N empty files (bench/suite/metadata.py) walked (scandir + lstat of every entry) after
+  ``echo 3``: the first walk after the dataset is added (cachefs lists every directory in
+  Python and registers its listing in C), then a second one (listings answered in C); the
+  native worker's RSS after them.
 * ``emulator_drop_pages`` (with ``--emulator N``) — the training-input emulator (bench/emulator.py,
   MLPerf ResNet-50 shape at ``--emulator-scale``) on N samples, tmpfs and the native worker, the
   samples listed and the page cache dropped before each trial (``--drop-pages``): the largest
@@ -63,10 +68,12 @@ from bench.read_bench import (
     read_pass,
     run_and_report,
 )
+from bench.suite import metadata
 
 SMALL = "small"
 LARGE = "large"
 SAMPLES = "samples"
+NAMES = "names"
 SYSTEMS = ("tmpfs", "native", "python")
 _LARGE_SEED = 1616
 #: Large files: one MiB of every this many is checked (xxh3) while the pass reads.
@@ -285,6 +292,8 @@ def _run(args: argparse.Namespace) -> dict:
     if args.emulator:
         samples_plan = emulator.plan_samples(args.emulator, seed=args.seed)
         write_local(os.path.join(source, SAMPLES), samples_plan)
+    if args.walk:
+        _make_namespace(os.path.join(source, NAMES), args.walk)
     large_names, large_sizes, large_digests = _make_large(source, args.large_files, args.large_mib)
     small_names = [spec.path for spec in plan.files]
     small_sizes = [spec.size for spec in plan.files]
@@ -329,7 +338,8 @@ def _run(args: argparse.Namespace) -> dict:
                 extra_args=["--fuse-fast-read", fast],
             )
             workers.append(worker)
-            for dataset in (SMALL, LARGE, SAMPLES) if args.emulator else (SMALL, LARGE):
+            datasets = [SMALL, LARGE] + [SAMPLES] * bool(args.emulator) + [NAMES] * bool(args.walk)
+            for dataset in datasets:
                 worker.client.add_dataset(
                     {"name": dataset, "uri": f"file://{os.path.join(source, dataset)}"}
                 )
@@ -476,9 +486,63 @@ def _passes(args, systems, readers, order, sample, small, large) -> list[dict]:
             sum(small_sizes[i] for i in subset),
             result,
         )
+    if args.walk:
+        passes += _walk_passes(args, systems)
     if args.emulator:
         passes += _emulator_passes(args, systems)
     return passes
+
+
+def _make_namespace(root: str, entries: int) -> None:
+    """The metadata workload's namespace of empty files (kept between runs once complete)."""
+    done = f"{root}.complete-{entries}"
+    if os.path.exists(done):
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    made = set()
+    for key in metadata.namespace_keys(entries):
+        path = os.path.join(root, key)
+        parent = os.path.dirname(path)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        open(path, "wb").close()
+    open(done, "wb").close()
+
+
+def _walk_passes(args, systems) -> list[dict]:
+    """Two cold walks of the namespace (tmpfs and the native worker): the first after the
+    add, then a second one; each after ``echo 3``, every count checked."""
+    files, dirs = metadata.expected_counts(args.walk)
+    rows = []
+    for system in systems:
+        if system.name == "python":
+            continue
+        root = os.path.join(system.root, NAMES)
+        for name in ("walk_cold_first", "walk_cold_second"):
+            drop_caches(3)
+            before = system.counters()
+            counts, _ = metadata.walk(root)
+            after = system.counters()
+            if (counts["files"], counts["dirs"]) != (files, dirs):
+                raise BenchmarkFailure(f"{name} of {root} saw {counts}; expected {files}, {dirs}")
+            worker = {key: after[key] - before[key] for key in after}
+            row = {
+                "pass": name, "system": system.name, "readers": 1, "files": counts["entries"],
+                "seconds": round(counts["seconds"], 4),
+                "entries_per_s": round(counts["entries_per_s"], 1), "worker": worker,
+            }  # fmt: skip
+            if "worker_cpu_s" in worker:
+                row["worker_cpu_us_per_entry"] = round(
+                    worker["worker_cpu_s"] * 1e6 / counts["entries"], 2
+                )
+            print(f"  {name:<24} {system.name:<7} {row['entries_per_s']:>11,.0f} entries/s",
+                  file=sys.stderr)  # fmt: skip
+            rows.append(row)
+        if system.worker is not None:
+            pid = system.worker.client.status()["pid"]
+            rows[-1]["worker_rss"] = metadata.process_rss(pid)
+    return rows
 
 
 def _emulator_passes(args, systems) -> list[dict]:
@@ -528,6 +592,17 @@ def summarise(passes: list[dict], readers: Sequence[int]) -> list[dict]:
         by_system = {p["system"]: p for p in passes if p["pass"] == name and p["readers"] == n}
         tmpfs = by_system.get("tmpfs")
         row = {"pass": name, "readers": n}
+        if name.startswith("walk_cold"):
+            for system, p in by_system.items():
+                row[f"{system}_entries_per_s"] = p["entries_per_s"]
+                if tmpfs and system != "tmpfs":
+                    row[f"{system}_ratio"] = round(p["entries_per_s"] / tmpfs["entries_per_s"], 3)
+                if "worker_cpu_us_per_entry" in p:
+                    row[f"{system}_cpu_us_per_entry"] = p["worker_cpu_us_per_entry"]
+                if "worker_rss" in p:
+                    row[f"{system}_rss"] = p["worker_rss"]
+            rows.append(row)
+            continue
         if name == "emulator_drop_pages":
             for system, p in by_system.items():
                 row[f"{system}_accelerators"] = p["accelerators"]
@@ -568,7 +643,22 @@ def render(results: dict) -> str:
         "| native CPU ms/1000 files | python CPU ms/1000 files |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    rss_lines: list[str] = []
     for row in results["summary"]:
+        if row["pass"].startswith("walk_cold"):
+            lines.append(
+                f"| {row['pass']} (entries/s) | 1 | {row.get('tmpfs_entries_per_s', '')} | "
+                f"{row.get('native_entries_per_s', '')} | | {row.get('native_ratio', '')} | | "
+                f"{row.get('native_cpu_us_per_entry', '')} us/entry | |"
+            )
+            if "native_rss" in row:
+                rss_lines.append(
+                    f"Native worker after the walks: VmRSS {row['native_rss']['VmRSS'] >> 20} MiB "
+                    f"(anonymous {row['native_rss']['RssAnon'] >> 20} MiB, file-backed "
+                    f"{row['native_rss']['RssFile'] >> 20} MiB: the mapped snapshot), peak "
+                    f"{row['native_rss']['VmHWM'] >> 20} MiB."
+                )
+            continue
         if row["pass"] == "emulator_drop_pages":
             lines.append(
                 f"| emulator, page cache dropped (accelerators >= 90 % busy) | | "
@@ -596,6 +686,7 @@ def render(results: dict) -> str:
         "",
         f"Worker RSS at the end: {results.get('rss_bytes')}. Native path counters: "
         f"{results.get('native_counters')}.",
+        *rss_lines,
     ]
     return "\n".join(lines) + "\n"
 
@@ -624,6 +715,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the training-input emulator on this many samples (0: not)",
     )
     parser.add_argument("--emulator-scale", type=float, default=0.1, help="its --scale")
+    parser.add_argument(
+        "--walk",
+        type=int,
+        default=0,
+        metavar="ENTRIES",
+        help="also walk an ImageNet-shaped namespace of this many empty files (0: not)",
+    )
     parser.add_argument("--workdir", default="/tmp/cachefs-native-bench")
     parser.add_argument("--json", help="write the JSON here instead of stdout")
     parser.add_argument("--save-dir", help="write <dir>/<date>.json and .md")

@@ -88,7 +88,7 @@ def test_a_tiny_run_measures_what_each_pass_says(tmp_path, capsys):
     out = tmp_path / "result.json"
     argv = [
         "--files", "40", "--classes", "4", "--sample", "10", "--readers", "1,2",
-        "--repeats", "1", "--large-files", "1", "--large-mib", "2",
+        "--repeats", "1", "--large-files", "1", "--large-mib", "2", "--walk", "300",
         "--workdir", str(tmp_path / "work"), "--json", str(out),
     ]  # fmt: skip
     assert main(argv) == 0
@@ -104,3 +104,9 @@ def test_a_tiny_run_measures_what_each_pass_says(tmp_path, capsys):
     assert echo3["native_reads"] == 40 and echo3["python_reads"] == 0
     assert by_key[("first_read_source", "native", 2)]["worker"]["misses"] > 0
     assert "| first_read_ram (files/s) | 2 |" in render(results)
+    # The second cold walk of the namespace (300 files in 300 class directories + train) is
+    # listed from the binding: its listings were registered by the first.
+    walk = by_key[("walk_cold_second", "native", 1)]
+    assert walk["files"] == 300 + 300 + 1
+    assert by_key[("walk_cold_first", "tmpfs", 1)]["files"] == walk["files"]
+    assert "worker_rss" in walk
