@@ -25,7 +25,12 @@ from typing import NamedTuple
 from cachefs.cache.base import CheckedBlock
 from cachefs.errors import BadFileHandle, IsADirectory, NotADirectory, PathNotFound, ReadOnly
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
-from cachefs.fs.native_reads import BLOCKS_AHEAD_OF_READ, BLOCKS_PER_LOOKUP, NativeReads
+from cachefs.fs.native_reads import (
+    BLOCKS_AHEAD_OF_READ,
+    BLOCKS_PER_LOOKUP,
+    ListingPacker,
+    NativeReads,
+)
 from cachefs.fs.permissions import MountPermissions, shown_mode
 from cachefs.meta import ROOT as SNAPSHOT_ROOT
 from cachefs.meta import Entry, Snapshot
@@ -227,6 +232,41 @@ class FileSystem:
                 mode = (stat.S_IFDIR if is_dir else stat.S_IFREG) | shown_mode(mode)
             attr = Attr(slot_bits | child_ino, mode, size, mtime_ns, nlink, uid, gid)
             yield name, attr, child_ino
+
+    def packed_listing(self, ino: int) -> tuple[bytes, int] | None:
+        """The whole listing of directory ``ino`` packed for the native table (see
+        :class:`ListingPacker`): what :meth:`readdir` from the start gives, without building an
+        :class:`Attr` per child. None for the mount root (adding a dataset changes it without
+        changing any dataset's inodes) and for a directory too large to pack."""
+        if ino == MOUNT_ROOT:
+            return None
+        dataset = self._dataset_of(ino)
+        local = ino & LOCAL_MASK
+        entry = dataset.snapshot.getattr(local)
+        if entry is None:
+            raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
+        if not entry.is_dir:
+            raise NotADirectory(f"inode {ino} is not a directory")
+        slot_bits = dataset.slot << SLOT_SHIFT
+        (dir_mode, dir_uid, dir_gid), (file_mode, file_uid, file_gid) = (
+            self._default_dir,
+            self._default_file,
+        )
+        packer = ListingPacker()
+        add, S_IFDIR, S_IFREG = packer.add, stat.S_IFDIR, stat.S_IFREG
+        for child in dataset.snapshot.readdir_fields(local, 0):
+            name, child_ino, is_dir, size, mtime_ns, nlink, mode, uid, gid = child
+            if mode is None:
+                mode, uid, gid = (
+                    (dir_mode, dir_uid, dir_gid) if is_dir else (file_mode, file_uid, file_gid)
+                )
+            else:
+                mode = (S_IFDIR if is_dir else S_IFREG) | shown_mode(mode)
+            if not add(
+                name, slot_bits | child_ino, child_ino, size, mtime_ns, mode, nlink, uid, gid
+            ):
+                return None
+        return packer.packed
 
     def check_directory(self, ino: int) -> None:
         if ino != MOUNT_ROOT and not stat.S_ISDIR(self.getattr(ino).mode):

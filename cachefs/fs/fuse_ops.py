@@ -27,7 +27,7 @@ from cachefs.errors import (
     StoreError,
 )
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, Attr, FileSystem
-from cachefs.fs.native_reads import NATIVE_LISTING_BYTES, ListingPacker, NativeReadTable
+from cachefs.fs.native_reads import NATIVE_LISTING_BYTES, NativeReadTable
 from cachefs.metrics import WorkerMetrics
 
 log = logging.getLogger("cachefs.fuse")
@@ -36,6 +36,8 @@ log = logging.getLogger("cachefs.fuse")
 NO_OPEN_SUPPORTED = bool(getattr(pyfuse3, "READ_FH_FALLS_BACK_TO_INODE", False))
 #: True when that patch includes the native READ fast path (``pyfuse3.fast_read_*``).
 FAST_READ_SUPPORTED = bool(getattr(pyfuse3, "FAST_READ", False))
+#: Directories remembered as not listable natively (too large to pack), before forgetting all.
+UNLISTED_REMEMBERED = 4096
 #: File handles are small counters; dataset inodes are >= 1 << SLOT_SHIFT. A read "handle" at or
 #: above this is an inode (no-open mode).
 INODE_FH_THRESHOLD = 1 << SLOT_SHIFT
@@ -99,6 +101,7 @@ class FuseOperations(pyfuse3.Operations):
         # dropped the dentry (memory pressure, `echo 3 > drop_caches`). Forgotten with the
         # dataset's inodes on a refresh or removal (FileSystem._changed).
         self.native_lookups: _PyfuseNativeReadTable | None = None
+        self._unlisted: set[int] = set()
 
     def use_native_table(self, table: _PyfuseNativeReadTable) -> None:
         """Remember LOOKUP replies and whole directory listings in the binding's table (its
@@ -167,29 +170,32 @@ class FuseOperations(pyfuse3.Operations):
             raise self._fail(exc, "opendir") from None
         return inode
 
+    def native_listing(self, inode: int) -> bool:
+        """Register the whole listing of directory ``inode`` in the binding's table, so that
+        OPENDIR and READDIRPLUS of it are answered in C (called by the patched pyfuse3, as a
+        plain call, before it hands either request to Python). False when there is no table,
+        for the mount root, a directory too large to pack or not a directory: Python answers,
+        errors included."""
+        table = self.native_lookups
+        if table is None or inode in self._unlisted:
+            return False
+        try:
+            packed = self.fs.packed_listing(inode)
+        except Exception:
+            return False  # the request goes to Python, which gives the error its errno
+        if packed is None or not table.register_listing(inode, *packed):
+            if len(self._unlisted) >= UNLISTED_REMEMBERED:
+                self._unlisted.clear()
+            self._unlisted.add(inode)  # too large: not packed again on every open
+            return False
+        return True
+
     async def readdir(self, fh, start_id, token):
         began = time.perf_counter()
-        # With the native table, a listing from the start is read to its end and registered
-        # whole: the kernel's later READDIRPLUS requests of the directory (this listing's next
-        # pages, and every cold listing until a refresh) are answered in C. Not the mount
-        # root: adding a dataset changes it without changing any dataset's inodes.
-        table = self.native_lookups
-        whole = table is not None and start_id == 0 and fh != MOUNT_ROOT
-        packer = ListingPacker() if whole else None
         try:
-            replying = True
             for name, attr, next_id in self.fs.readdir(fh, start_id):
-                if replying and not pyfuse3.readdir_reply(token, name, self._entry(attr), next_id):
-                    replying = False
-                if packer is not None and not packer.add(
-                    name, attr.ino, next_id, attr.size, attr.mtime_ns,
-                    attr.mode, attr.nlink, attr.uid, attr.gid,
-                ):  # fmt: skip
-                    packer = None
-                if not replying and packer is None:
+                if not pyfuse3.readdir_reply(token, name, self._entry(attr), next_id):
                     break
-            if packer is not None and (packed := packer.packed) is not None:
-                table.register_listing(fh, *packed)
         except Exception as exc:
             raise self._fail(exc, "readdir") from None
         finally:

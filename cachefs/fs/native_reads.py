@@ -25,8 +25,9 @@ enter that table, and keeps it coherent with the cache and the snapshots:
   per block in all (8 bytes each).
 
 The same table answers LOOKUPs the kernel repeats (the replies :class:`FuseOperations` gave)
-and READDIRPLUS of directories listed once: :func:`pack_listing` turns a directory's whole
-listing into the records the C side keeps (at most :data:`NATIVE_LISTING_BYTES` of them, the
+and OPENDIR/READDIRPLUS of directories: :class:`ListingPacker` turns a directory's whole listing
+(``FileSystem.packed_listing``, asked for by the binding before it hands either request to
+Python) into the records the C side keeps (at most :data:`NATIVE_LISTING_BYTES` of them, the
 least recently used dropped first), forgotten with the dataset's inodes like its blocks.
 
 Only no-open mode uses it: there every READ of an inode reads the snapshot served now, which is
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable
 from typing import Protocol
 
 from cachefs.cache.base import CHUNK_SIZE, BlockCache
@@ -126,15 +126,6 @@ class ListingPacker:
         if self._parts is None:
             return None
         return b"".join(self._parts), len(self._parts) // 2
-
-
-def pack_listing(children: Iterable[tuple]) -> tuple[bytes, int] | None:
-    """Pack ``(name, ino, resume_offset, size, mtime_ns, mode, nlink, uid, gid)`` tuples."""
-    packer = ListingPacker()
-    for child in children:
-        if not packer.add(*child):
-            return None
-    return packer.packed
 
 
 class NativeReads:

@@ -168,6 +168,18 @@ def test_no_listing_the_kernel_keeps_outlives_a_removed_dataset_or_directory(wor
     assert "ds" not in os.listdir(worker.mount)
 
 
+def python_listing_of(tmp_path, root: str) -> dict[str, tuple[int, int, int]]:
+    """The same tree as another worker without the native path lists it (every READDIRPLUS
+    in Python): the reference the native listings must equal."""
+    reference = WorkerProcess(str(tmp_path / "reference"), extra_args=("--fuse-fast-read", "off"))
+    reference.start()
+    try:
+        reference.add_dataset("ds", f"file://{tmp_path / 'src'}")
+        return listing_of(reference.path("ds"))
+    finally:
+        reference.cleanup()
+
+
 def listing_of(root: str) -> dict[str, tuple[int, int, int]]:
     """Every entry under ``root`` as scandir + lstat see it: relative path -> mode, size, mtime."""
     seen = {}
@@ -183,11 +195,12 @@ def listing_of(root: str) -> dict[str, tuple[int, int, int]]:
 def test_cold_listings_are_answered_in_c_with_the_same_entries_and_a_refresh_shows_changes(
     tmp_path,
 ):
-    """A directory listed once from the start is registered whole in the binding: after
-    `echo 3` (dentries, inodes and the kernel's kept listings dropped) its READDIRPLUS requests
-    are answered in C, every page of a directory too large for one reply resumed at the offset
-    Python gave, with exactly the entries and attributes Python gives; a refresh forgets the
-    dataset's listings, so an added and a removed file show."""
+    """A directory opened or listed from the start is registered whole in the binding (cachefs
+    packs it when the binding asks), and its OPENDIR and READDIRPLUS requests are answered in
+    C, every page of a directory too large for one reply resumed at the offset it gave, with
+    exactly the entries and attributes the Python path gives; after `echo 3` (dentries, inodes
+    and the kernel's kept listings dropped) still in C; a refresh forgets the dataset's
+    listings, so an added and a removed file show."""
     files = {f"big/f{i:04d}-{'x' * (i % 40)}.bin": bytes([i % 256]) * (i % 7) for i in range(700)}
     files |= {f"small/s{i}.bin": b"s" * i for i in range(5)}
     make_source(tmp_path / "src", files)
@@ -195,9 +208,12 @@ def test_cold_listings_are_answered_in_c_with_the_same_entries_and_a_refresh_sho
     try:
         worker.add_dataset("ds", f"file://{tmp_path / 'src'}")
         root = worker.path("ds")
-        first = listing_of(root)  # listed in Python, registered
+        python_listings = fuse_op_count(worker, "readdir")
+        first = listing_of(root)  # packed by cachefs, answered in C
         assert len(first) == len(files) + 2
         assert first["big/f0003-xxx.bin"][1] == 3
+        assert fuse_op_count(worker, "readdir") == python_listings
+        assert first == python_listing_of(tmp_path, root)
 
         drop_page_cache()
         python_listings = fuse_op_count(worker, "readdir")

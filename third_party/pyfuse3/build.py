@@ -111,8 +111,11 @@ PATCHES = [
         "    c.size = size\n    c.off = off\n    c.fh = fi.fh\n"
         "    save_retval(fuse_readdirplus_async(c))\n",
         "    global py_retval\n    cdef _Container c\n"
-        "    # cachefs: a listing cachefs registered whole is answered in C.\n"
+        "    # cachefs: a listing cachefs registered whole (now, if from the start) is answered\n"
+        "    # in C.\n"
         "    if cfr_try_readdirplus(req, fi.fh, size, off):\n        return\n"
+        "    if (off == 0 and register_listing_now(fi.fh)\n"
+        "            and cfr_try_readdirplus(req, fi.fh, size, off)):\n        return\n"
         "    c = _Container()\n    c.req = req\n"
         "    c.size = size\n    c.off = off\n    c.fh = fi.fh\n"
         "    save_retval(fuse_readdirplus_async(c))\n",
@@ -123,8 +126,10 @@ PATCHES = [
         "    cdef _Container c = _Container()\n    c.req = req\n",
         "cdef void fuse_opendir (fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi):\n"
         "    cdef _Container c\n"
-        "    # cachefs: OPENDIR of a directory whose listing is registered is answered in C.\n"
+        "    # cachefs: OPENDIR of a directory whose listing is registered (now, if cachefs can)\n"
+        "    # is answered in C.\n"
         "    if cfr_try_opendir(req, ino, fi):\n        return\n"
+        "    if register_listing_now(ino) and cfr_try_opendir(req, ino, fi):\n        return\n"
         "    c = _Container()\n    c.req = req\n",
     ),
     (

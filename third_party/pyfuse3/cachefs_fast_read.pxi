@@ -74,6 +74,19 @@ cdef inline int fast_request_waiting(int fd) noexcept:
     return readable
 
 
+cdef int register_listing_now(uint64_t dir_inode) noexcept:
+    '''Let cachefs register a directory's whole listing now (``operations.native_listing``, a
+    plain call: nothing runs between its snapshot read and the registration); 1 if it did.'''
+    hook = getattr(operations, 'native_listing', None)
+    if hook is None:
+        return 0
+    try:
+        return 1 if hook(dir_inode) else 0
+    except Exception:
+        log.exception('native_listing(%d) failed', dir_inode)
+        return 0
+
+
 def fast_read_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries):
     '''Set the checksum chunk size, the most blocks the READ table keeps and the most names
     the LOOKUP table keeps (0: keep none).'''
