@@ -338,7 +338,9 @@ def _run(args: argparse.Namespace) -> dict:
                 extra_args=["--fuse-fast-read", fast],
             )
             workers.append(worker)
-            datasets = [SMALL, LARGE] + [SAMPLES] * bool(args.emulator) + [NAMES] * bool(args.walk)
+            datasets = [SMALL, LARGE]
+            if name == "native":  # the emulator and the walk compare tmpfs and native only
+                datasets += [SAMPLES] * bool(args.emulator) + [NAMES] * bool(args.walk)
             for dataset in datasets:
                 worker.client.add_dataset(
                     {"name": dataset, "uri": f"file://{os.path.join(source, dataset)}"}
