@@ -213,13 +213,7 @@ class FileSystem:
                     root = dataset.snapshot.getattr(SNAPSHOT_ROOT)
                     yield dataset.name.encode(), self._attr(dataset, root), dataset.slot
             return
-        dataset = self._dataset_of(ino)
-        local = ino & LOCAL_MASK
-        entry = dataset.snapshot.getattr(local)
-        if entry is None:
-            raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
-        if not entry.is_dir:
-            raise NotADirectory(f"inode {ino} is not a directory")
+        dataset, local = self._directory(ino)
         # The children's attributes straight from their records (Snapshot.readdir_fields): a
         # listing builds no Entry, the per-entry cost of a walk over a million files.
         slot_bits = dataset.slot << SLOT_SHIFT
@@ -233,13 +227,8 @@ class FileSystem:
             attr = Attr(slot_bits | child_ino, mode, size, mtime_ns, nlink, uid, gid)
             yield name, attr, child_ino
 
-    def packed_listing(self, ino: int) -> tuple[bytes, int] | None:
-        """The whole listing of directory ``ino`` packed for the native table (see
-        :class:`ListingPacker`): what :meth:`readdir` from the start gives, without building an
-        :class:`Attr` per child. None for the mount root (adding a dataset changes it without
-        changing any dataset's inodes) and for a directory too large to pack."""
-        if ino == MOUNT_ROOT:
-            return None
+    def _directory(self, ino: int) -> tuple[MountedDataset, int]:
+        """The dataset and snapshot inode of directory ``ino`` (not the mount root)."""
         dataset = self._dataset_of(ino)
         local = ino & LOCAL_MASK
         entry = dataset.snapshot.getattr(local)
@@ -247,6 +236,16 @@ class FileSystem:
             raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
         if not entry.is_dir:
             raise NotADirectory(f"inode {ino} is not a directory")
+        return dataset, local
+
+    def packed_listing(self, ino: int) -> tuple[bytes, int] | None:
+        """The whole listing of directory ``ino`` packed for the native table (see
+        :class:`ListingPacker`): what :meth:`readdir` from the start gives, without building an
+        :class:`Attr` per child. None for the mount root (adding a dataset changes it without
+        changing any dataset's inodes) and for a directory too large to pack."""
+        if ino == MOUNT_ROOT:
+            return None
+        dataset, local = self._directory(ino)
         slot_bits = dataset.slot << SLOT_SHIFT
         (dir_mode, dir_uid, dir_gid), (file_mode, file_uid, file_gid) = (
             self._default_dir,
