@@ -216,7 +216,11 @@ def test_ttl_frees_an_idle_copy_lock_never_and_the_reserve_stays(tmp_path, bucke
         assert {w.node: reserved_on(cluster, w.node) for w in cluster.workers} == reserved
         status = cluster.workers[0].status()
         assert status["cleanup"]["freed_bytes"]  # visible in the worker's status
-        assert cluster.client.dataset("old")["freed_bytes"] > 0
+        # The coordinator learns it from the workers' next heartbeats.
+        wait_for(
+            lambda: cluster.client.dataset("old")["freed_bytes"] > 0,
+            "the coordinator to see the freed bytes",
+        )
         metrics = httpx.get(f"{cluster.coordinator.url}/metrics").text
         assert re.search(r'cachefs_cache_used_ratio\{copy="A",dataset="old"\} [0-9.e-]+', metrics)
 
