@@ -110,3 +110,45 @@ def test_block_arrays_count_against_the_bound_so_sparse_large_files_cannot_grow_
     assert table.register(3, 4, 100, 500, 3, b"/x/c", 100, SUMS_ONE_CHUNK)  # 5 more: 2 goes
     stats = table.stats()
     assert (stats["blocks"], stats["files"], stats["limit_drops"] - drops) == (1, 1, 1)
+
+
+def test_listings_are_checked_bounded_and_forgotten_with_their_inodes(table, monkeypatch):
+    """A packed listing (cfr_register_listing's records) is kept whole or refused whole, at most
+    a quarter of the table's bytes for one directory; forget_inodes drops the listings of
+    directories in its range; the packer gives up past MAX_LISTING_ENTRIES."""
+    from cachefs.fs import native_reads
+    from cachefs.fs.native_reads import LISTING_RECORD, ListingPacker
+
+    table.configure_listings(1 << 20, 1.0, 1.0)
+    try:
+        packer = ListingPacker()
+        assert packer.add(b"a.bin", 101, 1, 10, 5, 0o100444, 1, 0, 0)
+        assert packer.add(b"dir", 102, 2, 0, 5, 0o40555, 2, 0, 0)
+        packed, count = packer.packed
+        assert count == 2
+        assert packed[: LISTING_RECORD.size] == LISTING_RECORD.pack(
+            101, 1, 10, 5, 0o100444, 1, 0, 0, 5
+        )
+        assert table.register_listing(7, packed, count)
+        assert table.stats()["listings"] == 1 and table.stats()["listing_bytes"] > 0
+        assert not table.register_listing(8, packed[:-1], count)  # a name cut short
+        assert not table.register_listing(8, packed, count + 1)  # a record missing
+        too_big = ListingPacker()
+        for i in range(3000):  # ~220 KB of records: more than a quarter of 1 MiB
+            too_big.add(f"f{i:060d}".encode(), 1000 + i, i + 1, 1, 1, 0o100444, 1, 0, 0)
+        assert not table.register_listing(9, *too_big.packed)
+        assert table.stats()["listings"] == 1
+
+        table.forget_inodes(8, 100)  # not directory 7
+        assert table.stats()["listings"] == 1
+        table.forget_inodes(7, 7)
+        assert table.stats()["listings"] == table.stats()["listing_bytes"] == 0
+
+        monkeypatch.setattr(native_reads, "MAX_LISTING_ENTRIES", 2)
+        bounded = ListingPacker()
+        assert bounded.add(b"x", 1, 1, 0, 0, 0o100444, 1, 0, 0)
+        assert bounded.add(b"y", 2, 2, 0, 0, 0o100444, 1, 0, 0)
+        assert not bounded.add(b"z", 3, 3, 0, 0, 0o100444, 1, 0, 0)
+        assert bounded.packed is None
+    finally:
+        table.configure_listings(0, 0.0, 0.0)  # the table is the process's: leave it off
