@@ -38,7 +38,8 @@ and the leftover step are from its reference [1] (Themis, NSDI 2020), which it s
 5. Leftovers (withheld, unpacked or unoffered GPUs) go round-robin, one whole job at a time, to
    the apps outside the auction, worst ρ first, then to the bidders (work conserving).
 6. Every job granted GPUs holds them for a lease of ``lease_s``; a job whose lease expires and
-   whose app wins it again keeps its GPUs (no restart).
+   whose app wins it again keeps its GPUs (no restart), unless it holds more or fewer than its
+   demand (a queue from ``POST /v1/schedule`` may list such a job): it is resized to its demand.
 
 "+locality": remaining time includes the I/O stall and placements prefer cached nodes.
 
@@ -257,16 +258,24 @@ class _LeasedPolicy(Policy):
         """Place the ``granted`` jobs (each on exactly its demand) and lease their GPUs."""
         pool = dict(round_.pool)
         granted_ids = {job.job_id for job in granted}
-        # A job whose lease expired and that won again keeps its GPUs (no restart).
+        # A job whose lease expired and that won again keeps its GPUs (no restart) when it
+        # holds its demand. One holding more or fewer (an elastic job another scheduler sized,
+        # as a queue sent to POST /v1/schedule may list) is placed anew on its demand: the
+        # round granted it its demand, and kept GPUs beyond that would overfill the pool.
+        keeps = {
+            job.job_id
+            for job in state.running
+            if job.job_id in round_.expired
+            and job.job_id in granted_ids
+            and job.gpus_held == job.spec.gpus
+        }
         for job in state.running:
-            if job.job_id in round_.expired and job.job_id in granted_ids:
+            if job.job_id in keeps:
                 for node, gpus in job.placement.items():
                     pool[node] -= gpus
         by_id = {job.job_id: job for job in round_.pending}
         requests = {
-            job_id: by_id[job_id].spec.gpus
-            for job_id in sorted(granted_ids)
-            if not by_id[job_id].placement
+            job_id: by_id[job_id].spec.gpus for job_id in sorted(granted_ids) if job_id not in keeps
         }
 
         def prefer(job_id: str, node: str) -> float:
@@ -282,6 +291,9 @@ class _LeasedPolicy(Policy):
                 self._lease_ends[job.job_id] = state.now + self.lease_s
                 if not job.placement:
                     decisions.append(Start(job.job_id, placements[job.job_id], why))
+                elif job.job_id not in keeps:
+                    reason = f"{why}; resized from {job.gpus_held} to its {job.spec.gpus} GPUs"
+                    decisions.append(Resize(job.job_id, placements[job.job_id], reason))
             elif job.placement:
                 self._lease_ends.pop(job.job_id, None)
                 decisions.append(Resize(job.job_id, {}, "lease expired; GPUs went to others"))

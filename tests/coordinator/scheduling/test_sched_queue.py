@@ -86,3 +86,28 @@ def test_every_policy_answers_and_its_batch_applies(body: dict) -> None:
                 assert part.node in job["candidates"]
     assert all(used[node] <= room[node] for node in room), (used, room)
     assert decide(request, LIVE) == answer  # deterministic
+
+
+def test_themis_puts_a_running_job_holding_more_than_its_demand_back_on_its_demand() -> None:
+    """Themis gang-schedules every job on its demand. A running elastic job that holds more
+    (4 GPUs, asks 1) is granted its 1 GPU when its lease is up, and the 3 others go to the
+    waiting job: both fit (it once kept all 4 and failed with "grants exceed the pool")."""
+    for policy in ("p5-themis", "p5-themis+locality"):
+        body = {
+            "policy": policy,
+            "now": 100.0,
+            "nodes": [{"name": "a", "free_gpus": 0}],
+            "jobs": [
+                {
+                    "id": "elastic",
+                    "gpus": 1,
+                    "max_gpus": 4,
+                    "placement": [{"node": "a", "gpus": 4}],
+                    "epochs_done": 0.5,
+                },
+                {"id": "new", "gpus": 3},
+            ],
+        }
+        answer = decide(ScheduleRequest.model_validate(body), LIVE)
+        actions = [(d.job, d.action, d.gpus) for d in answer.decisions]
+        assert actions == [("elastic", "resize", 1), ("new", "start", 3)], (policy, answer)
