@@ -8,8 +8,10 @@ response schemas, content types and headers, positive data accepted, negative da
 a bounded number of examples per operation and a time budget for the whole run. Three nodes
 stay up by sending heartbeats over the API (the protocol a worker speaks: the coordinator's
 contract needs no real worker), so jobs, scaling and placement reach their logic rather than
-"no live nodes". Then every /v1 operation is called without the token and must answer 401.
-The server's log must show no traceback at the end, and the server must exit cleanly."""
+"no live nodes"; likewise one dataset is there for the whole run (the hooks keep the fuzzer
+from deleting it), so jobs find a dataset whenever they are sent. Then every /v1 operation is
+called without the token and must answer 401. The server's log must show no traceback at the
+end, and the server must exit cleanly."""
 
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ MAX_TIME_S = 300
 SEED = 15  # a failure can be replayed (the report prints `st replay` commands)
 NO_TOKEN_EXAMPLES = 3
 LIVE_NODES = ("n1", "n2", "n3")
+# Registered before the run and kept by the hooks (jobs name it: the spec's examples do).
+DATASET = "imagenet"
 # Operations some of whose valid requests must be served (answered 2xx) in the run.
 SERVED = {
     "POST /v1/datasets": re.compile(r"/v1/datasets"),
@@ -61,7 +65,7 @@ def coordinator(tmp_path_factory) -> Iterator[CoordinatorProcess]:
     keep_alive = threading.Thread(target=_beat, args=(process.url, stop), daemon=True)
     try:
         with httpx.Client(base_url=process.url, headers=AUTH, timeout=30) as admin:
-            dataset = {"name": "imagenet", "uri": "s3://bucket/imagenet/"}
+            dataset = {"name": DATASET, "uri": f"s3://bucket/{DATASET}/"}
             assert admin.post("/v1/datasets", json=dataset).status_code == 201
         keep_alive.start()
         yield process
@@ -111,7 +115,7 @@ def test_schemathesis_finds_no_contract_failure(coordinator, tmp_path) -> None:
         "--report", "json,har",
         "--report-dir", str(reports),
     ]  # fmt: skip
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)}
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS), "CACHEFS_FUZZ_KEPT_DATASET": DATASET}
     # In tmp_path: schemathesis keeps a cache of earlier crashes (.schemathesis/) where it runs,
     # and replays them; every run here starts clean, and nothing is written into the checkout.
     # The timeout bounds a hung run, it is no timing check: the run itself stops at MAX_TIME_S.
