@@ -22,7 +22,8 @@ the GIL, 128 at most) without going back to trio for each, as long as they are a
 way. And ``pyfuse3.cache_listings(True)`` makes OPENDIR replies let the kernel keep directory
 listings (FOPEN_CACHE_DIR) until the directory's inode is invalidated: a warm ``ls -lR`` or
 ``find`` then stays in the kernel; a cold one (dentries dropped) is answered in C from the
-listings cachefs registers (``pyfuse3.fast_listing_*``) once it has listed a directory.
+listings cachefs registers (``pyfuse3.fast_listing_*``) when the binding asks, before an
+OPENDIR or READDIRPLUS would go to Python.
 ``pyfuse3.FAST_READ`` says the patch is there;
 the table's Python API is ``pyfuse3.fast_read_*`` (see cachefs/fs/native_reads.py for how cachefs
 keeps it coherent). Stock pyfuse3 still works: cachefs then serves every READ in Python.

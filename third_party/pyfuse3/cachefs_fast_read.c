@@ -348,10 +348,11 @@ int cfr_try_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
 
 /* ---- the listing table: READDIRPLUS of directories cachefs listed once ----
  *
- * cachefs registers a directory's whole listing (every child's name, inode, attributes and the
- * offset the kernel resumes after it) when it lists the directory from the start in Python;
- * later READDIRPLUS requests of it, at any offset cachefs gave, are answered here. Coherence:
- * the listing is of the snapshot served when it was registered (no await in between), and
+ * Before an OPENDIR or a READDIRPLUS at offset 0 goes to Python, the binding asks cachefs to
+ * register the directory's whole listing (every child's name, inode, attributes and the offset
+ * the kernel resumes after it); OPENDIR and READDIRPLUS of it, at any offset cachefs gave, are
+ * then answered here. Coherence: the listing is of the snapshot served when it was registered
+ * (a plain call, nothing runs in between), and
  * cfr_forget_inodes() drops the listings of a dataset's directories before a snapshot swap or
  * a removal. Bounded: at most max_listing_bytes in all (the least recently used go first). */
 
@@ -387,14 +388,27 @@ static cfr_listing *find_listing(uint64_t dir) {
     return NULL;
 }
 
-static void remove_listing(cfr_listing *l) {
-    cfr_listing **p = (cfr_listing **)&by_dir.slots[slot_of(&by_dir, l->dir)];
-    while (*p != l) p = &(*p)->next;
-    *p = l->next;
+/* The listings' age list: least recently used first. */
+static void unlist_listing(cfr_listing *l) {
     if (l->older) l->older->newer = l->newer;
     else oldest_listing = l->newer;
     if (l->newer) l->newer->older = l->older;
     else newest_listing = l->older;
+}
+
+static void list_listing_newest(cfr_listing *l) {
+    l->newer = NULL;
+    l->older = newest_listing;
+    if (newest_listing) newest_listing->newer = l;
+    else oldest_listing = l;
+    newest_listing = l;
+}
+
+static void remove_listing(cfr_listing *l) {
+    cfr_listing **p = (cfr_listing **)&by_dir.slots[slot_of(&by_dir, l->dir)];
+    while (*p != l) p = &(*p)->next;
+    *p = l->next;
+    unlist_listing(l);
     listing_bytes -= l->bytes;
     stats.listings--;
     free(l);
@@ -482,11 +496,7 @@ int cfr_register_listing(uint64_t dir, const unsigned char *packed, size_t len, 
     uint64_t s = slot_of(&by_dir, dir);
     l->next = by_dir.slots[s];
     by_dir.slots[s] = l;
-    l->newer = NULL;
-    l->older = newest_listing;
-    if (newest_listing) newest_listing->newer = l;
-    else oldest_listing = l;
-    newest_listing = l;
+    list_listing_newest(l);
     listing_bytes += bytes;
     stats.listings++;
     pthread_mutex_unlock(&lock);
@@ -574,13 +584,8 @@ int cfr_try_readdirplus(fuse_req_t req, uint64_t dir, size_t size, off_t off) {
     }
     l->hint = i;
     if (newest_listing != l) { /* most recently used last */
-        if (l->older) l->older->newer = l->newer;
-        else oldest_listing = l->newer;
-        l->newer->older = l->older;
-        l->newer = NULL;
-        l->older = newest_listing;
-        newest_listing->newer = l;
-        newest_listing = l;
+        unlist_listing(l);
+        list_listing_newest(l);
     }
     stats.readdirs++;
     fuse_reply_buf(req, (const char *)dir_buf, used);

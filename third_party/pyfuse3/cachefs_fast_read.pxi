@@ -149,5 +149,6 @@ def fast_read_stats():
         'refused': s.refused, 'limit_drops': s.limit_drops,
         'lookups': s.lookups, 'dentries': s.dentries, 'open_files': s.open_files,
         'batches': s.batches, 'batched': s.batched,
-        'readdirs': s.readdirs, 'opendirs': s.opendirs, 'listings': s.listings, 'listing_bytes': s.listing_bytes,
+        'readdirs': s.readdirs, 'opendirs': s.opendirs, 'listings': s.listings,
+        'listing_bytes': s.listing_bytes,
     }
