@@ -115,6 +115,12 @@ class StoreUnavailable(StoreError):
     transient = True
 
 
+class StoreThrottled(StoreUnavailable):
+    """The store asked us to slow down (HTTP 503 or 429, SlowDown and kin): retried like any
+    transient failure, and a signal to the adaptive concurrency limits to send fewer requests
+    at once (cachefs/store/concurrency.py)."""
+
+
 class StoreIOError(StoreError):
     """Any other store failure (unexpected response, short read after retries)."""
 

@@ -77,6 +77,9 @@ class WorkerMetrics:
         self.store_requests: dict[tuple[str, str], int] = {}  # (op, outcome) -> count
         self.store_latency = LabeledHistograms()  # op -> seconds (including retries)
         self.store_bytes = 0
+        # Adaptive store concurrency per purpose ("read", "preload"): a function returning the
+        # limit's report (cachefs/store/concurrency.py: limit, peak, in_flight, throttled, ...)
+        self.store_concurrency: dict[str, Callable[[], dict[str, int]]] = {}
         # peers: blocks this node asked other nodes for, by outcome ("ok", "failed" — then the
         # store was read instead —, "cooling", "refused"), and blocks it served to them
         # ("fill_ok", "fill_refused", … : cached-only requests to the fill source of a block
@@ -201,6 +204,25 @@ class _WorkerCollector(Collector):
         yield requests
         yield CounterMetricFamily(
             "cachefs_store_bytes", "Bytes fetched from the object store", value=m.store_bytes
+        )
+        concurrency = {purpose: report() for purpose, report in m.store_concurrency.items()}
+        yield gauge(
+            "cachefs_store_concurrency",
+            "Object-store requests allowed in flight now (adaptive: AIMD on throttling answers)",
+            ["purpose"],
+            [([purpose], r["limit"]) for purpose, r in sorted(concurrency.items())],
+        )
+        yield gauge(
+            "cachefs_store_in_flight",
+            "Object-store requests in flight now",
+            ["purpose"],
+            [([purpose], r["in_flight"]) for purpose, r in sorted(concurrency.items())],
+        )
+        yield labelled_counter(
+            "cachefs_store_throttled",
+            "Store requests answered 'slow down' (503, 429, SlowDown) on some try",
+            ["purpose"],
+            [([purpose], r["throttled"]) for purpose, r in sorted(concurrency.items())],
         )
         peers = CounterMetricFamily(
             "cachefs_peer_requests", "Block reads asked of other nodes", labels=["outcome"]

@@ -63,6 +63,7 @@ from cachefs.protocol import DatasetSpec
 from cachefs.registry import Registry
 from cachefs.store import StoreConfig, open_store
 from cachefs.store.base import RetryPolicy
+from cachefs.store.concurrency import PRELOAD_BOUNDS
 from cachefs.store.uri import parse_uri
 
 log = logging.getLogger("cachefs.worker")
@@ -122,7 +123,11 @@ class WorkerConfig:
     heartbeat_interval_s: float = 2.0
     peer_timeout_s: float = 2.0  # a dead or stalled peer costs at most this, then the store
     preload_processes: int = 2  # fetcher processes for preload (0: fetch in threads)
-    preload_concurrency: int = 16  # blocks in flight per node during a preload
+    # Blocks in flight per node during a preload: where the adaptive limit starts, and its
+    # ceiling (cachefs/store/concurrency.py: it grows while the store keeps up, halves when it
+    # answers "slow down").
+    preload_concurrency: int = PRELOAD_BOUNDS.initial
+    preload_concurrency_max: int = PRELOAD_BOUNDS.ceiling
     fill_concurrency: int = 8  # blocks in flight per node while filling a copy from peers
     prefetch_queue_files: int = 20_000  # hinted files waiting; past it the oldest are dropped
     # Hinted blocks being fetched at once: enough to hide a store's latency (tens of ms per
@@ -412,8 +417,14 @@ class Worker(WorkerAPI):
         )
         self._fetchers = FetcherPool(cfg.preload_processes)
         self.preloader = Preloader(
-            self, self.cache, self.membership, self._fetchers, concurrency=cfg.preload_concurrency
+            self,
+            self.cache,
+            self.membership,
+            self._fetchers,
+            concurrency=cfg.preload_concurrency,
+            max_concurrency=cfg.preload_concurrency_max,
         )
+        self.metrics.store_concurrency["preload"] = self.preloader.concurrency.report
         self.filler = Filler(
             self,
             self.cache,
@@ -447,7 +458,9 @@ class Worker(WorkerAPI):
             node=cfg.node,
             state_file=os.path.join(cfg.state_dir, "preloads.json"),
             concurrency=cfg.preload_concurrency,
+            max_concurrency=cfg.preload_concurrency_max,
         )
+        self.metrics.store_concurrency["preload"] = preloads.concurrency.report
         await self._blocking(preloads.load)
         return preloads
 
@@ -902,6 +915,10 @@ class Worker(WorkerAPI):
             "store": {
                 "requests": {f"{op}:{outcome}": n for (op, outcome), n in m.store_requests.items()},
                 "bytes": m.store_bytes,
+                # The adaptive limits on GETs in flight, per purpose ("read", "preload").
+                "concurrency": {
+                    purpose: report() for purpose, report in m.store_concurrency.items()
+                },
             },
             "peers": {
                 "requests": dict(m.peer_requests),

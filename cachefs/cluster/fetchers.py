@@ -3,55 +3,95 @@
 An SDK GET costs about 1.4 ms of client CPU (boto3), so one Python process tops out near 700
 GETs/s per core — and the worker process must keep its core for FUSE. Preload fetches run in a
 pool of helper processes instead; each opens its own store client once per dataset and sends
-the block's bytes back through the pool's pipe. Admission (index + tier files) stays in the
-worker, which owns the cache.
+the block's bytes back through its pipe. Admission (index + tier files) stays in the worker,
+which owns the cache.
 
-The pool starts its processes with ``forkserver``: forking the worker itself (threads, a FUSE
+Each fetcher process keeps many GETs in flight at once (a thread per request, up to
+``threads``): how many the whole pool has in flight is the preloader's to decide (its adaptive
+limit, cachefs/store/concurrency.py), not one per process. Requests and answers are multiplexed
+over one pipe per process, tagged with a request number; a reader thread in the worker hands
+each answer to the thread waiting for it. An answer says how many of the request's tries the
+store answered "slow down" (the adaptive limit's signal), and the bytes follow it raw
+(``send_bytes``: not pickled).
+
+The processes are started with ``forkserver``: forking the worker itself (threads, a FUSE
 session) would copy locks held by other threads. ``processes=0`` fetches in the calling thread
 instead (no extra processes; for small machines and tests).
 
-Each fetcher exits when the worker that owns the pool does, however it ends: a pool worker
-blocks on a queue whose write end it holds itself, and holds the forkserver's "alive" pipe, so
-after a SIGKILL of the worker (an OOM kill) neither would ever see EOF — they ran on forever.
-They ignore SIGINT: Ctrl-C in a terminal reaches every process of the foreground group, and the
-worker, which handles it, stops its fetchers itself (a fetcher interrupted mid-GET would only
-print a traceback).
+Each fetcher exits when the worker that owns the pool does, however it ends: its pipe reaches
+EOF, and a watcher thread follows the owner's pid (a fetcher blocked in a GET still ends).
+They ignore SIGINT: Ctrl-C in a terminal reaches every process of the foreground group, and
+the worker, which handles it, stops its fetchers itself (a fetcher interrupted mid-GET would
+only print a traceback).
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import select
 import signal
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 from cachefs.errors import CachefsError, StoreError
 from cachefs.store import StoreConfig, open_store
+from cachefs.store.concurrency import PRELOAD_BOUNDS, throttled_tries
+
+#: GETs one fetcher process runs at once: enough for the preload's whole adaptive ceiling,
+#: however the requests spread over the processes (threads start only when needed).
+FETCHER_THREADS = PRELOAD_BOUNDS.ceiling
 
 _stores: dict[StoreConfig, object] = {}  # per process: one store client per dataset source
+_stores_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A block's bytes, and whether the store answered "slow down" to any of its tries."""
+
+    data: bytes
+    throttled: bool
+
+
+class FetchFailed(StoreError):
+    """A fetch failed: the store's error as one line (``throttled``: it was told to slow
+    down on the way)."""
+
+    def __init__(self, cause: str, *, throttled: bool = False, **context: str):
+        super().__init__(cause, **context)
+        self.throttled = throttled
 
 
 def _store(config: StoreConfig):
-    store = _stores.get(config)
-    if store is None:
-        store = _stores[config] = open_store(config)
-    return store
+    with _stores_lock:  # many fetch threads: one client per source
+        store = _stores.get(config)
+        if store is None:
+            store = _stores[config] = open_store(config)
+        return store
 
 
-def fetch_range(config: StoreConfig, key: str, offset: int, length: int, etag: str):
-    """Runs in a pool process. Returns the bytes, or ("error", message): exceptions of ours
-    carry keyword-only constructor arguments that do not survive pickling."""
+def fetch_range(
+    config: StoreConfig, key: str, offset: int, length: int, etag: str
+) -> tuple[bytes | str, bool]:
+    """One GET (with the store's retries). Returns (the bytes, throttled) or (the error as a
+    string, throttled): exceptions of ours carry keyword-only constructor arguments that do
+    not survive pickling. ``throttled``: the store counted a "slow down" try meanwhile."""
+    store = _store(config)
+    before = throttled_tries(store)
     try:
-        return _store(config).get_range(key, offset, length, etag=etag)
+        data: bytes | str = store.get_range(key, offset, length, etag=etag)
     except CachefsError as exc:
-        return ("error", str(exc))
+        data = str(exc)
+    return data, throttled_tries(store) > before
 
 
 def exit_with(owner: int) -> None:
-    """Runs first in each pool process: SIGINT is ignored (the owner stops us), and a daemon
+    """Runs first in each fetcher process: SIGINT is ignored (the owner stops us), and a daemon
     thread ends the process when ``owner`` (the worker's pid, alive when this runs) exits. A
     pidfd names that very process (no pid reuse); where there is none (Linux < 5.3), the pid is
     polled once a second."""
@@ -75,46 +115,144 @@ def exit_with(owner: int) -> None:
     threading.Thread(target=watch, name="cachefs-fetcher-owner", daemon=True).start()
 
 
-class FetchFailed(StoreError):
-    pass
+def serve(conn: Connection, owner: int, threads: int) -> None:
+    """A fetcher process: GETs for each request on the pipe, answers in any order."""
+    exit_with(owner)
+    send_lock = threading.Lock()  # an answer and its bytes go out together
+
+    def answer(number: int, request: tuple) -> None:
+        data, throttled = fetch_range(*request)
+        error = data if isinstance(data, str) else None
+        with send_lock:
+            conn.send((number, error, throttled))
+            if error is None:
+                conn.send_bytes(data)
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="cachefs-fetch") as pool:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # the owner is gone
+                os._exit(0)
+            if message is None:  # the owner closed the pool
+                os._exit(0)
+            pool.submit(answer, *message)
+
+
+class _Fetcher:
+    """One fetcher process, seen from the worker: its pipe, and the requests it has not
+    answered yet."""
+
+    def __init__(self, context, threads: int):
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(
+            target=serve,
+            args=(child_conn, os.getpid(), threads),
+            name="cachefs-fetcher",
+            daemon=True,
+        )
+        self.process.start()
+        child_conn.close()
+        self.pending: dict[int, Future] = {}
+        self.alive = True
+        self._lock = threading.Lock()  # pending, alive, and one request at a time on the pipe
+        self._reader = threading.Thread(
+            target=self._read_answers, name="cachefs-fetch-answers", daemon=True
+        )
+        self._reader.start()
+
+    def submit(self, number: int, request: tuple) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if not self.alive:
+                raise FetchFailed("the fetcher process has exited (or the pool was closed)")
+            try:
+                self.conn.send((number, request))
+            except OSError:  # the process is gone; its reader thread notices too
+                raise FetchFailed("the fetcher process has exited") from None
+            self.pending[number] = future
+        return future
+
+    def _read_answers(self) -> None:
+        try:
+            while True:
+                number, error, throttled = self.conn.recv()
+                data = b"" if error is not None else self.conn.recv_bytes()
+                with self._lock:
+                    future = self.pending.pop(number)
+                if error is not None:
+                    future.set_exception(FetchFailed(error, throttled=throttled))
+                else:
+                    future.set_result(Fetched(data, throttled))
+        except (EOFError, OSError):
+            pass
+        with self._lock:
+            self.alive = False
+            pending, self.pending = self.pending, {}
+            self.conn.close()
+        for future in pending.values():
+            future.set_exception(FetchFailed("the fetcher process exited mid-fetch"))
+
+    def close(self) -> None:
+        """Without waiting: the process reads "stop" and exits at once (GETs in flight are
+        dropped); our reader thread then reads EOF and closes the pipe (only it closes it: a
+        pipe closed under a blocked reader could be reused by another file)."""
+        with self._lock:
+            self.alive = False
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass  # gone already
 
 
 class FetcherPool:
-    def __init__(self, processes: int):
+    """``processes`` fetcher processes (started on the first fetch; one that died is replaced
+    on the next), each running up to ``threads`` GETs at once."""
+
+    def __init__(self, processes: int, *, threads: int = FETCHER_THREADS):
         self.processes = processes
-        self._pool: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()  # many preload threads call fetch(): one pool only
+        self.threads = threads
+        self._fetchers: list[_Fetcher] = []
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()  # many preload threads call fetch(): one set of processes
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def pids(self) -> list[int]:
         with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    self.processes,
-                    mp_context=multiprocessing.get_context("forkserver"),
-                    initializer=exit_with,
-                    initargs=(os.getpid(),),
-                )
-            return self._pool
+            return [f.process.pid for f in self._fetchers if f.process.pid is not None]
 
-    def fetch(self, config: StoreConfig, key: str, offset: int, length: int, etag: str) -> bytes:
-        """Blocking: call from a thread. Raises StoreError (FetchFailed) with the reason."""
+    def _least_busy(self) -> _Fetcher:
+        with self._lock:
+            self._fetchers = [f for f in self._fetchers if f.alive]
+            if len(self._fetchers) < self.processes:
+                context = multiprocessing.get_context("forkserver")
+                while len(self._fetchers) < self.processes:
+                    self._fetchers.append(_Fetcher(context, self.threads))
+            return min(self._fetchers, key=lambda f: len(f.pending))
+
+    def fetch(self, config: StoreConfig, key: str, offset: int, length: int, etag: str) -> Fetched:
+        """Blocking: call from a thread. Raises FetchFailed with the reason."""
+        request = (config, key, offset, length, etag)
         if self.processes <= 0:
-            result = fetch_range(config, key, offset, length, etag)
+            data, throttled = fetch_range(*request)
+            if isinstance(data, str):
+                raise FetchFailed(data, throttled=throttled)
+            fetched = Fetched(data, throttled)
         else:
-            result = (
-                self._executor().submit(fetch_range, config, key, offset, length, etag).result()
+            fetched = self._least_busy().submit(next(self._numbers), request).result()
+        if len(fetched.data) != length:  # never admit a short read
+            raise FetchFailed(
+                f"got {len(fetched.data)} bytes for a {length}-byte range of {key!r}",
+                throttled=fetched.throttled,
             )
-        if isinstance(result, tuple):
-            raise FetchFailed(result[1])
-        if len(result) != length:  # never admit a short read
-            raise FetchFailed(f"got {len(result)} bytes for a {length}-byte range of {key!r}")
-        return result
+        return fetched
 
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-        for store in _stores.values():
+            fetchers, self._fetchers = self._fetchers, []
+        for fetcher in fetchers:
+            fetcher.close()
+        with _stores_lock:
+            stores = list(_stores.values())
+            _stores.clear()
+        for store in stores:
             store.close()
-        _stores.clear()

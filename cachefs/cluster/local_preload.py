@@ -84,12 +84,22 @@ class LocalPreloads:
         node: str,
         state_file: str,
         concurrency: int,
+        max_concurrency: int,
     ):
         self._target = target
         self._node = node
         self._state_file = state_file
         self._owners: list[str | None] = [node] * SHARDS  # this node owns every shard
-        self._preloader = Preloader(target, cache, Membership(node), pool, concurrency=concurrency)
+        self._preloader = Preloader(
+            target,
+            cache,
+            Membership(node),
+            pool,
+            concurrency=concurrency,
+            max_concurrency=max_concurrency,
+        )
+        #: The adaptive limit on the preload's GETs in flight (its report is in the jobs' status).
+        self.concurrency = self._preloader.concurrency
         self._jobs: dict[str, PreloadJob] = {}
         self._assigned: frozenset[str] | None = None  # job ids the Preloader runs; None: not yet
         self._save_limiter = trio.CapacityLimiter(1)  # one writer: the latest state wins
@@ -259,6 +269,7 @@ class LocalPreloads:
         prefixes that name nothing in the dataset's current snapshot (a mistyped ``--paths``)."""
         doc = job.progress(self._owners, time.time())
         doc["unmatched_paths"] = self._unmatched_paths(job)
+        doc["concurrency"] = self.concurrency.report()
         return doc
 
     def _unmatched_paths(self, job: PreloadJob) -> list[str]:

@@ -29,8 +29,9 @@ from cachefs.errors import CachefsError
 from cachefs.meta import Entry, Snapshot
 from cachefs.protocol import SHARDS
 from cachefs.store import StoreConfig
+from cachefs.store.concurrency import PRELOAD_BOUNDS, AdaptiveConcurrency, ConcurrencyBounds
 
-from .fetchers import FetcherPool
+from .fetchers import FetcherPool, FetchFailed
 from .membership import Membership
 from .served import ServedDatasets
 
@@ -201,14 +202,25 @@ class Preloader:
         membership: Membership,
         pool: FetcherPool,
         *,
-        concurrency: int = 16,
+        concurrency: int = PRELOAD_BOUNDS.initial,
+        max_concurrency: int = PRELOAD_BOUNDS.ceiling,
     ):
         self._target = target
         self._cache = cache
         self._membership = membership
         self._pool = pool
-        # A semaphore, not a CapacityLimiter: the spawning task acquires, the object task releases.
-        self._fetch_slots = trio.Semaphore(concurrency)
+        # Objects being loaded at once: adaptive, from ``concurrency`` up to ``max_concurrency``
+        # while the store keeps up, down when it answers "slow down". The spawning task
+        # borrows a slot on behalf of the object, the object's task gives it back.
+        self.concurrency = AdaptiveConcurrency(
+            ConcurrencyBounds(
+                initial=concurrency,
+                floor=min(PRELOAD_BOUNDS.floor, concurrency),
+                ceiling=max(max_concurrency, concurrency),
+            ),
+            purpose="preload",
+        )
+        self._fetch_slots = self.concurrency.limiter
         self._admit_limiter = trio.CapacityLimiter(4)
         self._jobs: dict[str, _JobRun] = {}
         self._served = ServedDatasets()
@@ -255,16 +267,16 @@ class Preloader:
         return {job_id: run.reports() for job_id, run in self._jobs.items()}
 
     def _fetch_and_admit(self, config: StoreConfig, key: BlockKey, obj, index, block_size):
-        """Blocking (in a thread): one block from the store into the cache. Returns an error
-        message, or None on success."""
+        """Blocking (in a thread): one block from the store into the cache. Returns (an error
+        message or None on success, whether the store answered "slow down" on the way)."""
         start = index * block_size
         length = min(block_size, obj.size - start)
-        data = self._pool.fetch(config, obj.key, start, length, obj.etag)
-        if self._cache.put(key, data) is None:
-            return "not admitted: the cache is full (avoid-eviction)"
+        fetched = self._pool.fetch(config, obj.key, start, length, obj.etag)
+        if self._cache.put(key, fetched.data) is None:
+            return "not admitted: the cache is full (avoid-eviction)", fetched.throttled
         self.fetched_bytes += length
         self.fetched_blocks += 1
-        return None
+        return None, fetched.throttled
 
 
 class _JobRun:
@@ -322,12 +334,15 @@ class _JobRun:
         async with trio.open_nursery() as nursery:
             for shard in shards:
                 for obj in planned.get(shard, []):
-                    await self.preloader._fetch_slots.acquire()
-                    nursery.start_soon(self._load_object, shard, obj, config, source_id, block_size)
+                    slot = object()  # borrowed here, given back by the object's task
+                    await self.preloader._fetch_slots.acquire_on_behalf_of(slot)
+                    nursery.start_soon(
+                        self._load_object, shard, obj, config, source_id, block_size, slot
+                    )
         for shard in shards:
             self.progress[shard].complete = True
 
-    async def _load_object(self, shard, obj: PlannedObject, config, source_id, block_size):
+    async def _load_object(self, shard, obj: PlannedObject, config, source_id, block_size, slot):
         preloader = self.preloader
         progress = self.progress[shard]
         try:
@@ -341,12 +356,16 @@ class _JobRun:
                     )
                     if data is not None:
                         continue
+                throttled = False
                 try:
-                    error = await trio.to_thread.run_sync(
+                    error, throttled = await trio.to_thread.run_sync(
                         preloader._fetch_and_admit, config, key, obj, index, block_size
                     )
+                except FetchFailed as exc:
+                    error, throttled = str(exc), exc.throttled
                 except CachefsError as exc:
                     error = str(exc)
+                preloader.concurrency.record(throttled=throttled)
                 if error is not None:
                     preloader.fetch_failures += 1
                     progress.fail(obj.key, error)
@@ -354,4 +373,4 @@ class _JobRun:
             progress.done_objects += 1
             progress.done_bytes += obj.selected_bytes
         finally:
-            preloader._fetch_slots.release()
+            preloader._fetch_slots.release_on_behalf_of(slot)

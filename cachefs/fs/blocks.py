@@ -45,6 +45,12 @@ from cachefs.metrics import WorkerMetrics
 from cachefs.peer.base import BlockRequest, PeerError, PeerRefused, PeerUnavailable
 from cachefs.peer.client import PeerClient
 from cachefs.store.base import ObjectStore
+from cachefs.store.concurrency import (
+    READ_BOUNDS,
+    AdaptiveConcurrency,
+    ConcurrencyBounds,
+    throttled_tries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +135,9 @@ LAST_BLOCK_SLOTS = 4096
 
 @dataclass(frozen=True, slots=True)
 class ReadLimits:
-    store_threads: int = 32  # concurrent object-store requests
+    # Object-store GETs in flight at first; adaptive from there (cachefs/store/concurrency.py:
+    # up while the store keeps up, down when it answers "slow down").
+    store_threads: int = READ_BOUNDS.initial
     disk_threads: int = 8  # concurrent SSD-tier reads
     admit_threads: int = 4  # concurrent admissions (file writes + index commits)
     recent_bytes: int = 64 << 20  # read-through buffer
@@ -150,7 +158,17 @@ class BlockReader:
         self.metrics = metrics
         self.peers = peers
         self.route = route
-        self._store_limiter = trio.CapacityLimiter(limits.store_threads)
+        # Store GETs of reads and fills: an adaptive limit that starts at store_threads.
+        self.store_concurrency = AdaptiveConcurrency(
+            ConcurrencyBounds(
+                initial=limits.store_threads,
+                floor=min(READ_BOUNDS.floor, limits.store_threads),
+                ceiling=max(READ_BOUNDS.ceiling, limits.store_threads),
+            ),
+            purpose="read",
+        )
+        self._store_limiter = self.store_concurrency.limiter
+        metrics.store_concurrency["read"] = self.store_concurrency.report
         self._disk_limiter = trio.CapacityLimiter(limits.disk_threads)
         self._admit_limiter = trio.CapacityLimiter(limits.admit_threads)
         self._recent = _RecentBlocks(limits.recent_bytes)
@@ -424,6 +442,7 @@ class BlockReader:
         start = index * source.block_size
         length = min(source.block_size, file.size - start)
         began = time.perf_counter()
+        throttled_before = throttled_tries(source.store)
         try:
             data = await trio.to_thread.run_sync(
                 partial(source.store.get_range, file.key, start, length, etag=file.etag),
@@ -431,7 +450,11 @@ class BlockReader:
             )
         except StoreError as exc:
             self.metrics.store_request("get", type(exc).__name__, time.perf_counter() - began)
+            self.store_concurrency.record(
+                throttled=throttled_tries(source.store) > throttled_before
+            )
             raise exc.with_context(dataset=source.dataset, key=file.key) from exc
+        self.store_concurrency.record(throttled=throttled_tries(source.store) > throttled_before)
         self.metrics.store_request("get", "ok", time.perf_counter() - began)
         if len(data) != length:  # the store contract forbids this; never serve it if it happens
             raise StoreIOError(

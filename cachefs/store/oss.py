@@ -40,6 +40,7 @@ from cachefs.errors import (
     StoreBucketNotFound,
     StoreError,
     StoreIOError,
+    StoreThrottled,
     StoreUnavailable,
 )
 from cachefs.store.base import ObjectInfo, StoreConfig
@@ -49,6 +50,7 @@ from cachefs.store.retry import (
     ShortBody,
     call_with_retries,
     check_body_length,
+    is_throttling,
     network_failure_cause,
 )
 from cachefs.store.uri import check_endpoint, parse_uri
@@ -178,6 +180,11 @@ class OSSStore:
         )
 
     @property
+    def throttled_tries(self) -> int:
+        """Tries of reads the store answered "slow down" so far (the adaptive limits' signal)."""
+        return self._reads.throttled_tries
+
+    @property
     def tries_in_flight(self) -> int:
         """Tries of reads not ended yet, abandoned ones included (they end by their timeouts)."""
         return self._reads.in_flight
@@ -303,6 +310,8 @@ def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreEr
         return error(StoreUnavailable, network_failure_cause(exc))
     if isinstance(exc, oss2.exceptions.ServerError):
         status, code = int(exc.status), str(exc.code or "")
+        if is_throttling(status, code):
+            return error(StoreThrottled, f"the store is unavailable: HTTP {status} {code}")
         if status >= 500 or code in _TRANSIENT_CODES:
             return error(StoreUnavailable, f"the store is unavailable: HTTP {status} {code}")
         if status in (401, 403) or code in _AUTH_CODES:

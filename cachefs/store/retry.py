@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import urllib3.exceptions
 
-from cachefs.errors import StoreError, StoreIOError, StoreUnavailable
+from cachefs.errors import StoreError, StoreIOError, StoreThrottled, StoreUnavailable
 from cachefs.store.base import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,30 @@ T = TypeVar("T")
 #: a try that finds them all busy waits in the pool, and its first-byte clock starts only
 #: when it runs.
 ATTEMPT_THREADS = 96
+
+
+#: HTTP statuses and error codes by which S3 and S3-like stores (OSS included) say "too many
+#: requests, slow down". The one list: the stores' error mappings ask :func:`is_throttling`.
+THROTTLING_STATUSES = frozenset({429, 503})
+THROTTLING_CODES = frozenset(
+    {
+        "SlowDown",  # S3's 503
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+        "RequestThrottled",
+        "QpsLimitExceeded",  # OSS: the bucket's request rate limit
+        "ServerBusy",  # OSS
+    }
+)
+
+
+def is_throttling(status: int, code: str) -> bool:
+    """Whether an error answer (HTTP ``status``, the store's error ``code``) asks us to slow
+    down: a :class:`~cachefs.errors.StoreThrottled`, which the adaptive concurrency limits
+    answer by sending fewer requests at once."""
+    return status in THROTTLING_STATUSES or code in THROTTLING_CODES
 
 
 class ShortBody(StoreUnavailable):
@@ -197,6 +221,7 @@ class HedgedReads:
         self._jitter = jitter  # for tests
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._throttled_tries = 0
         self._closed = False
         self._waiting: set[queue.SimpleQueue] = set()  # the outcomes of reads not ended
 
@@ -204,6 +229,17 @@ class HedgedReads:
     def in_flight(self) -> int:
         with self._lock:
             return self._in_flight
+
+    @property
+    def throttled_tries(self) -> int:
+        """Tries answered "slow down" (:class:`~cachefs.errors.StoreThrottled`) so far, every
+        read together: the adaptive concurrency limits watch it grow."""
+        with self._lock:
+            return self._throttled_tries
+
+    def _throttled(self) -> None:
+        with self._lock:
+            self._throttled_tries += 1
 
     def close(self) -> None:
         """No new reads; waiting reads end at once with "the store was closed"; queued tries
@@ -381,6 +417,8 @@ class _OneRead:
         if not (isinstance(error, StoreError) and error.transient):
             raise error
         self.last_error, self.failures = error, self.failures + 1
+        if isinstance(error, StoreThrottled):
+            self.reads._throttled()
         if not self.live and self.tries < self.policy.attempts:
             delay = backoff_s(self.policy, self.failures, self.reads._jitter)
             log.info(

@@ -36,6 +36,7 @@ from cachefs.errors import (
     StoreBucketNotFound,
     StoreError,
     StoreIOError,
+    StoreThrottled,
     StoreUnavailable,
 )
 from cachefs.store.base import ObjectInfo, StoreConfig
@@ -47,6 +48,7 @@ from cachefs.store.retry import (
     body_length_error,
     call_with_retries,
     check_body_length,
+    is_throttling,
     network_failure_cause,
 )
 from cachefs.store.uri import check_endpoint, parse_uri
@@ -185,6 +187,11 @@ class S3Store:
         )
 
     @property
+    def throttled_tries(self) -> int:
+        """Tries of reads the store answered "slow down" so far (the adaptive limits' signal)."""
+        return self._reads.throttled_tries
+
+    @property
     def tries_in_flight(self) -> int:
         """Tries of reads not ended yet, abandoned ones included (they end by their timeouts)."""
         return self._reads.in_flight
@@ -259,6 +266,8 @@ def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreEr
     if isinstance(exc, botocore.exceptions.ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        if is_throttling(status, code):
+            return error(StoreThrottled, f"the store is unavailable: HTTP {status} {code}")
         if status >= 500 or code in _TRANSIENT_CODES:
             return error(StoreUnavailable, f"the store is unavailable: HTTP {status} {code}")
         if status in (401, 403) or code in _AUTH_CODES:
