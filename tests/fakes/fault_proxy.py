@@ -6,7 +6,8 @@ Put it between the code under test and a real upstream (moto, the fake OSS serve
   reached the proxy, answered or faulted, by method and URL path (percent-decoded, without the
   query string: a ListObjects call counts as ``GET /bucket``);
 - **inject faults** by rule, each for the next ``n`` matching requests or until cleared:
-  an HTTP error with an S3/OSS-style XML body (``fail_next``, ``fail_matching``), a TCP reset
+  an HTTP error with an S3/OSS-style XML body (``fail_next``, ``fail_matching``, or for a
+  random fraction of the requests ``fail_fraction``: a throttling store), a TCP reset
   (``reset_next``), a delay (``delay_next``), a body cut short (``truncate_next``), no
   answer at all (``blackhole``), a ``Range`` header dropped (``ignore_range_next``), or a
   *stall* — a pause before the response or in the middle of its body, after which the answer
@@ -237,6 +238,27 @@ class FaultProxy:
         """Answer every request whose path contains ``path_contains`` with ``status``, until
         :meth:`clear_faults`."""
         self._add(FaultRule("status", method, path_contains, None, status, _code(status, code)))
+
+    def fail_fraction(
+        self,
+        fraction: float,
+        status: int = 503,
+        *,
+        code: str | None = None,
+        method: str | None = "GET",
+        path_contains: str | None = None,
+    ) -> None:
+        """Answer a random ``fraction`` (0..1) of the matching requests with ``status`` (503
+        SlowDown by default: a store throttling us), until :meth:`clear_faults`. The draws
+        come from a seeded generator."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be in [0, 1], not {fraction}")
+        self._add(
+            FaultRule(
+                "status", method, path_contains, None, status, _code(status, code),
+                fraction=fraction,
+            )
+        )  # fmt: skip
 
     def reset_next(
         self, n: int = 1, *, method: str | None = "GET", path_contains: str | None = None
