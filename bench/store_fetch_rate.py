@@ -1,0 +1,306 @@
+"""What one client process drives against a store, and what the preloader reaches beside it.
+
+    python -m bench.store_fetch_rate [--objects 1500] [--size 110KB] [--delay-ms 0|20]
+        [--threads 1,4,16,64] [--processes 2] [--endpoint URL]
+
+Serves ``--objects`` files of ``--size`` bytes from a temporary directory with ``bench.lean_s3``
+(or uses ``--endpoint``, e.g. a moto server with a bucket ``bench`` holding the keys
+``obj/NNNNN``), optionally behind ``bench.delay_proxy`` (``--delay-ms`` first-byte latency, in
+a process of its own), and measures, each over every object once:
+
+1. ``raw``: a plain boto3 GET loop (ranged, with If-Match, as cachefs sends them) in ONE
+   process with ``T`` threads, for each ``T`` of ``--threads``: GETs/s, and that process's CPU
+   per GET (user + system, from getrusage);
+2. ``fetcher``: the same GETs through ONE cachefs fetcher process (``FetcherPool(1)``, the
+   S3Store read path with its retries and hedging) with ``T`` requests in flight: GETs/s, and
+   the fetcher process's CPU per GET (from /proc);
+3. ``preload``: the worker's :class:`~cachefs.cluster.preload.Preloader` with ``--processes``
+   fetcher processes and its adaptive concurrency, into a RAM tier: objects/s against the best
+   raw rate, and the concurrency it settled on (printed).
+
+Timings are reported, never asserted. Run it on a quiet machine (it uses every core it gets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import trio
+
+from cachefs.units import parse_size
+
+BUCKET = "bench"
+
+
+def key_of(index: int) -> str:
+    return f"obj/{index:05d}"
+
+
+def _cpu_of(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _raw_process(endpoint, objects, size, threads, etags, out) -> None:
+    import boto3
+    import botocore.config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+        config=botocore.config.Config(
+            max_pool_connections=threads,
+            retries={"total_max_attempts": 1},
+            s3={"addressing_style": "path"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
+    errors = []
+
+    def getter(indices) -> None:
+        for index in indices:
+            try:
+                body = client.get_object(
+                    Bucket=BUCKET,
+                    Key=key_of(index),
+                    Range=f"bytes=0-{size - 1}",
+                    IfMatch=f'"{etags[index]}"',
+                )["Body"]
+                if len(body.read()) != size:
+                    errors.append("short body")
+            except Exception as exc:
+                errors.append(type(exc).__name__)
+
+    workers = [
+        threading.Thread(target=getter, args=(range(t, objects, threads),)) for t in range(threads)
+    ]
+    before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    seconds, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    out.put({"seconds": seconds, "cpu_s": cpu, "errors": errors[:3], "error_count": len(errors)})
+
+
+def raw_get(endpoint: str, objects: int, size: int, threads: int, etags: list[str]) -> dict:
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    process = context.Process(
+        target=_raw_process, args=(endpoint, objects, size, threads, etags, out)
+    )
+    process.start()
+    result = out.get(timeout=600)
+    process.join()
+    return _rates("raw boto3 loop", threads, objects, size, result)
+
+
+def fetcher_get(config, objects: int, size: int, threads: int, etags: list[str]) -> dict:
+    from cachefs.cluster.fetchers import FetcherPool
+
+    pool = FetcherPool(1)
+    pool.fetch(config, key_of(0), 0, size, etags[0])  # start the process and its client
+    pid = pool.pids()[0]
+    errors: list[str] = []
+
+    def getter(indices) -> None:
+        for index in indices:
+            try:
+                pool.fetch(config, key_of(index), 0, size, etags[index])
+            except Exception as exc:
+                errors.append(str(exc)[:200])
+
+    workers = [
+        threading.Thread(target=getter, args=(range(t, objects, threads),)) for t in range(threads)
+    ]
+    cpu_before, started = _cpu_of(pid), time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    seconds, cpu = time.perf_counter() - started, _cpu_of(pid) - cpu_before
+    pool.close()
+    result = {"seconds": seconds, "cpu_s": cpu, "errors": errors[:3], "error_count": len(errors)}
+    return _rates("cachefs fetcher process", threads, objects, size, result)
+
+
+def _rates(what: str, threads: int, objects: int, size: int, result: dict) -> dict:
+    return {
+        "what": what,
+        "in_flight": threads,
+        "gets_per_s": objects / result["seconds"],
+        "mb_per_s": objects * size / result["seconds"] / 1e6,
+        "cpu_ms_per_get": 1000 * result["cpu_s"] / objects,
+        **result,
+    }
+
+
+def preload(config, objects: int, processes: int, workdir: str) -> dict:
+    from cachefs.cache import TierConfig, TieredBlockCache
+    from cachefs.cluster.fetchers import FetcherPool
+    from cachefs.cluster.membership import Membership
+    from cachefs.cluster.preload import Preloader
+    from cachefs.meta import Snapshot, build_snapshot
+    from cachefs.store import open_store
+
+    store = open_store(config)
+    build_snapshot(store.list(), os.path.join(workdir, "snapshot"))
+    store.close()
+    snapshot = Snapshot.open(os.path.join(workdir, "snapshot"))
+    cache = TieredBlockCache(
+        os.path.join(workdir, "index"), [TierConfig("ram", os.path.join(workdir, "ram"), 2 << 30)]
+    )
+    pool = FetcherPool(processes)
+
+    class Target:
+        def preload_source(self, dataset):
+            return snapshot, config, 1, 4 << 20
+
+    membership = Membership("n1")
+    membership.update(
+        {
+            "cluster_id": "bench",
+            "heartbeat_interval_s": 1.0,
+            "nodes": {"n1": {"address": "127.0.0.2:1", "up": True}},
+            "datasets": [{"spec": {"name": "ds"}, "refresh_epoch": 0, "copies": {"A": ["n1"]}}],
+            "tasks": [],
+        }
+    )
+    preloader = Preloader(Target(), cache, membership, pool)
+    samples: list[int] = []
+
+    async def run() -> float:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(preloader.run)
+            started = time.perf_counter()
+            preloader.assign(
+                [{"id": "ds-1", "dataset": "ds", "copy": "A", "selection": {}}],
+                {"ds": {"A": ["n1"]}},
+            )
+            while True:
+                shards = preloader.reports()["ds-1"]
+                if len(shards) and all(r["complete"] for r in shards.values()):
+                    break
+                samples.append(preloader.concurrency.limit)
+                await trio.sleep(0.05)
+            seconds = time.perf_counter() - started
+            nursery.cancel_scope.cancel()
+        return seconds
+
+    seconds = trio.run(run)
+    pool.close()
+    cache.close()
+    snapshot.close()
+    report = preloader.concurrency.report()
+    return {
+        "what": f"cachefs preload ({processes} fetcher processes, adaptive)",
+        "objects_per_s": preloader.fetched_blocks / seconds,
+        "blocks": preloader.fetched_blocks,
+        "failures": preloader.fetch_failures,
+        "seconds": seconds,
+        "concurrency": report,
+        "concurrency_median": sorted(samples)[len(samples) // 2] if samples else None,
+    }
+
+
+def make_objects(root: str, objects: int, size: int) -> None:
+    os.makedirs(os.path.join(root, "obj"), exist_ok=True)
+    chunk = os.urandom(size)
+    for index in range(objects):
+        with open(os.path.join(root, key_of(index)), "wb") as f:
+            f.write(index.to_bytes(8, "big") + chunk[8:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.store_fetch_rate", description=__doc__)
+    parser.add_argument("--objects", type=int, default=1500)
+    parser.add_argument("--size", default="110KB")
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--threads", default="1,4,16,64")
+    parser.add_argument("--processes", type=int, default=2, help="preload fetcher processes")
+    parser.add_argument("--endpoint", help="an S3 endpoint already holding the objects")
+    parser.add_argument("--skip", default="", help="comma-separated phases to skip")
+    args = parser.parse_args(argv)
+    size = parse_size(args.size)
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    from bench.lean_s3 import LeanS3Process
+    from cachefs.store import StoreConfig, open_store
+
+    children: list = []
+    with tempfile.TemporaryDirectory(prefix="fetch-rate-") as workdir:
+        try:
+            endpoint = args.endpoint
+            if endpoint is None:
+                make_objects(os.path.join(workdir, "root"), args.objects, size)
+                server = LeanS3Process(os.path.join(workdir, "root"), BUCKET)
+                children.append(server)
+                endpoint = server.url
+            if args.delay_ms:
+                proxy = subprocess.Popen(
+                    [sys.executable, "-m", "bench.delay_proxy", "--upstream", endpoint,
+                     "--first-byte-ms", str(args.delay_ms), "--listen", "127.0.0.1:0"],
+                    stdout=subprocess.PIPE, text=True,
+                )  # fmt: skip
+                children.append(proxy)
+                line = proxy.stdout.readline()
+                endpoint = next(w for w in line.split() if w.startswith("http://"))
+            config = StoreConfig(f"s3://{BUCKET}/", endpoint=endpoint, dataset="bench")
+            store = open_store(config)
+            etags = {info.key: info.etag for info in store.list("obj/")}
+            store.close()
+            etag_list = [etags[key_of(i)] for i in range(args.objects)]
+            results: dict = {"endpoint": endpoint, "delay_ms": args.delay_ms, "size": size}
+            skip = set(args.skip.split(","))
+            for threads in [int(t) for t in args.threads.split(",")]:
+                for name, measure in (("raw", raw_get), ("fetcher", fetcher_get)):
+                    if name in skip:
+                        continue
+                    target = endpoint if name == "raw" else config
+                    row = measure(target, args.objects, size, threads, etag_list)
+                    results.setdefault(name, []).append(row)
+                    print(
+                        f"{row['what']:<26} {threads:>3} in flight: {row['gets_per_s']:7.0f} GET/s"
+                        f"  {row['cpu_ms_per_get']:.2f} ms CPU/GET  errors {row['error_count']}",
+                        flush=True,
+                    )
+            if "preload" not in skip:
+                row = preload(config, args.objects, args.processes, workdir)
+                results["preload"] = row
+                best = max((r["gets_per_s"] for r in results.get("raw", [])), default=0)
+                ratio = f" = {row['objects_per_s'] / best:.2f}x the best raw rate" if best else ""
+                print(
+                    f"{row['what']}: {row['objects_per_s']:.0f} objects/s{ratio}; concurrency "
+                    f"settled at {row['concurrency']['limit']} (median {row['concurrency_median']},"
+                    f" peak {row['concurrency']['peak']}, throttled "
+                    f"{row['concurrency']['throttled']}), failures {row['failures']}",
+                    flush=True,
+                )
+            print(json.dumps(results), file=sys.stderr)
+        finally:
+            for child in children:
+                if isinstance(child, subprocess.Popen):
+                    child.terminate()
+                    child.wait(timeout=10)
+                else:
+                    child.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
