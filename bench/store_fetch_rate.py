@@ -1,7 +1,7 @@
 """What one client process drives against a store, and what the preloader reaches beside it.
 
     python -m bench.store_fetch_rate [--objects 1500] [--size 110KB] [--delay-ms 0|20]
-        [--threads 1,4,16,64] [--processes 2] [--endpoint URL]
+        [--threads 1,4,16,64] [--processes 2] [--endpoint URL] [--skip PHASE,...]
 
 Serves ``--objects`` files of ``--size`` bytes from a temporary directory with ``bench.lean_s3``
 (or uses ``--endpoint``, e.g. a moto server with a bucket ``bench`` holding the keys
@@ -11,12 +11,17 @@ a process of its own), and measures, each over every object once:
 1. ``raw``: a plain boto3 GET loop (ranged, with If-Match, as cachefs sends them) in ONE
    process with ``T`` threads, for each ``T`` of ``--threads``: GETs/s, and that process's CPU
    per GET (user + system, from getrusage);
-2. ``fetcher``: the same GETs through ONE cachefs fetcher process (``FetcherPool(1)``, the
-   S3Store read path with its retries and hedging) with ``T`` requests in flight: GETs/s, and
-   the fetcher process's CPU per GET (from /proc);
-3. ``preload``: the worker's :class:`~cachefs.cluster.preload.Preloader` with ``--processes``
-   fetcher processes and its adaptive concurrency, into a RAM tier: objects/s against the best
-   raw rate, and the concurrency it settled on (printed).
+2. ``lean``: the same loop through cachefs's lean bulk-GET client
+   (:class:`cachefs.store.s3_bulk.S3BulkReader`: botocore's SigV4 signer over pooled urllib3
+   connections, with cachefs's retries and hedging), same process layout and measures;
+3. ``fetcher`` and ``fetcher-boto3``: the same GETs through ONE cachefs fetcher process
+   (``FetcherPool(1)``) with ``T`` requests in flight, reading with the lean client (the
+   default) or with S3Store (boto3, ``lean_s3=False``): GETs/s, and the fetcher process's CPU
+   per GET (from /proc);
+4. ``preload`` and ``preload-boto3``: the worker's :class:`~cachefs.cluster.preload.Preloader`
+   with ``--processes`` fetcher processes (lean client, or boto3) and its adaptive concurrency,
+   into a RAM tier: objects/s against the best raw rates, and the concurrency it settled on
+   (printed).
 
 Timings are reported, never asserted. Run it on a quiet machine (it uses every core it gets).
 """
@@ -55,7 +60,7 @@ def _raw_process(endpoint, objects, size, threads, etags, out) -> None:
     import boto3
     import botocore.config
 
-    client = boto3.client(
+    s3 = boto3.client(
         "s3",
         endpoint_url=endpoint,
         region_name="us-east-1",
@@ -69,18 +74,39 @@ def _raw_process(endpoint, objects, size, threads, etags, out) -> None:
             response_checksum_validation="when_required",
         ),
     )
+
+    def get(index: int) -> bytes:
+        return s3.get_object(
+            Bucket=BUCKET,
+            Key=key_of(index),
+            Range=f"bytes=0-{size - 1}",
+            IfMatch=f'"{etags[index]}"',
+        )["Body"].read()
+
+    _loop(get, objects, size, threads, out)
+
+
+def _lean_process(endpoint, objects, size, threads, etags, out) -> None:
+    from cachefs.store import StoreConfig
+    from cachefs.store.s3_bulk import S3BulkReader
+
+    reader = S3BulkReader(StoreConfig(f"s3://{BUCKET}/", endpoint=endpoint, dataset="bench"))
+
+    def get(index: int) -> bytes:
+        return reader.get_range(key_of(index), 0, size, etag=etags[index])
+
+    _loop(get, objects, size, threads, out)
+    reader.close()
+
+
+def _loop(get, objects, size, threads, out) -> None:
+    """Every object once with ``get(index)`` from ``threads`` threads; this process's CPU."""
     errors = []
 
     def getter(indices) -> None:
         for index in indices:
             try:
-                body = client.get_object(
-                    Bucket=BUCKET,
-                    Key=key_of(index),
-                    Range=f"bytes=0-{size - 1}",
-                    IfMatch=f'"{etags[index]}"',
-                )["Body"]
-                if len(body.read()) != size:
+                if len(get(index)) != size:
                     errors.append("short body")
             except Exception as exc:
                 errors.append(type(exc).__name__)
@@ -99,21 +125,37 @@ def _raw_process(endpoint, objects, size, threads, etags, out) -> None:
 
 
 def raw_get(endpoint: str, objects: int, size: int, threads: int, etags: list[str]) -> dict:
+    return _in_process(_raw_process, "raw boto3 loop", endpoint, objects, size, threads, etags)
+
+
+def lean_get(endpoint: str, objects: int, size: int, threads: int, etags: list[str]) -> dict:
+    return _in_process(
+        _lean_process, "raw lean-client loop", endpoint, objects, size, threads, etags
+    )
+
+
+def _in_process(target, what, endpoint, objects, size, threads, etags) -> dict:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    process = context.Process(
-        target=_raw_process, args=(endpoint, objects, size, threads, etags, out)
-    )
+    process = context.Process(target=target, args=(endpoint, objects, size, threads, etags, out))
     process.start()
     result = out.get(timeout=600)
     process.join()
-    return _rates("raw boto3 loop", threads, objects, size, result)
+    return _rates(what, threads, objects, size, result)
 
 
 def fetcher_get(config, objects: int, size: int, threads: int, etags: list[str]) -> dict:
+    return _fetcher_get(config, objects, size, threads, etags, lean_s3=True)
+
+
+def fetcher_boto3_get(config, objects: int, size: int, threads: int, etags: list[str]) -> dict:
+    return _fetcher_get(config, objects, size, threads, etags, lean_s3=False)
+
+
+def _fetcher_get(config, objects, size, threads, etags, *, lean_s3: bool) -> dict:
     from cachefs.cluster.fetchers import FetcherPool
 
-    pool = FetcherPool(1)
+    pool = FetcherPool(1, lean_s3=lean_s3)
     pool.fetch(config, key_of(0), 0, size, etags[0])  # start the process and its client
     pid = pool.pids()[0]
     errors: list[str] = []
@@ -136,7 +178,8 @@ def fetcher_get(config, objects: int, size: int, threads: int, etags: list[str])
     seconds, cpu = time.perf_counter() - started, _cpu_of(pid) - cpu_before
     pool.close()
     result = {"seconds": seconds, "cpu_s": cpu, "errors": errors[:3], "error_count": len(errors)}
-    return _rates("cachefs fetcher process", threads, objects, size, result)
+    client = "lean" if lean_s3 else "boto3"
+    return _rates(f"fetcher process ({client})", threads, objects, size, result)
 
 
 def _rates(what: str, threads: int, objects: int, size: int, result: dict) -> dict:
@@ -150,7 +193,7 @@ def _rates(what: str, threads: int, objects: int, size: int, result: dict) -> di
     }
 
 
-def preload(config, objects: int, processes: int, workdir: str) -> dict:
+def preload(config, objects: int, processes: int, workdir: str, *, lean_s3: bool) -> dict:
     from cachefs.cache import TierConfig, TieredBlockCache
     from cachefs.cluster.fetchers import FetcherPool
     from cachefs.cluster.membership import Membership
@@ -158,6 +201,7 @@ def preload(config, objects: int, processes: int, workdir: str) -> dict:
     from cachefs.meta import Snapshot, build_snapshot
     from cachefs.store import open_store
 
+    workdir = tempfile.mkdtemp(prefix="preload-", dir=workdir)  # a fresh cache for each run
     store = open_store(config)
     build_snapshot(store.list(), os.path.join(workdir, "snapshot"))
     store.close()
@@ -165,7 +209,7 @@ def preload(config, objects: int, processes: int, workdir: str) -> dict:
     cache = TieredBlockCache(
         os.path.join(workdir, "index"), [TierConfig("ram", os.path.join(workdir, "ram"), 2 << 30)]
     )
-    pool = FetcherPool(processes)
+    pool = FetcherPool(processes, lean_s3=lean_s3)
 
     class Target:
         def preload_source(self, dataset):
@@ -207,8 +251,9 @@ def preload(config, objects: int, processes: int, workdir: str) -> dict:
     cache.close()
     snapshot.close()
     report = preloader.concurrency.report()
+    client = "lean client" if lean_s3 else "boto3"
     return {
-        "what": f"cachefs preload ({processes} fetcher processes, adaptive)",
+        "what": f"cachefs preload ({processes} fetcher processes, {client}, adaptive)",
         "objects_per_s": preloader.fetched_blocks / seconds,
         "blocks": preloader.fetched_blocks,
         "failures": preloader.fetch_failures,
@@ -234,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", default="1,4,16,64")
     parser.add_argument("--processes", type=int, default=2, help="preload fetcher processes")
     parser.add_argument("--endpoint", help="an S3 endpoint already holding the objects")
-    parser.add_argument("--skip", default="", help="comma-separated phases to skip")
+    parser.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated phases to skip: raw, lean, fetcher, fetcher-boto3, preload, "
+        "preload-boto3",
+    )
     args = parser.parse_args(argv)
     size = parse_size(args.size)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
@@ -267,25 +317,40 @@ def main(argv: list[str] | None = None) -> int:
             etag_list = [etags[key_of(i)] for i in range(args.objects)]
             results: dict = {"endpoint": endpoint, "delay_ms": args.delay_ms, "size": size}
             skip = set(args.skip.split(","))
+            phases = (
+                ("raw", raw_get, endpoint),
+                ("lean", lean_get, endpoint),
+                ("fetcher", fetcher_get, config),
+                ("fetcher-boto3", fetcher_boto3_get, config),
+            )
             for threads in [int(t) for t in args.threads.split(",")]:
-                for name, measure in (("raw", raw_get), ("fetcher", fetcher_get)):
+                for name, measure, target in phases:
                     if name in skip:
                         continue
-                    target = endpoint if name == "raw" else config
                     row = measure(target, args.objects, size, threads, etag_list)
                     results.setdefault(name, []).append(row)
                     print(
-                        f"{row['what']:<26} {threads:>3} in flight: {row['gets_per_s']:7.0f} GET/s"
+                        f"{row['what']:<28} {threads:>3} in flight: {row['gets_per_s']:7.0f} GET/s"
                         f"  {row['cpu_ms_per_get']:.2f} ms CPU/GET  errors {row['error_count']}",
                         flush=True,
                     )
-            if "preload" not in skip:
-                row = preload(config, args.objects, args.processes, workdir)
-                results["preload"] = row
-                best = max((r["gets_per_s"] for r in results.get("raw", [])), default=0)
-                ratio = f" = {row['objects_per_s'] / best:.2f}x the best raw rate" if best else ""
+            best = {
+                name: max((r["gets_per_s"] for r in results.get(name, [])), default=0)
+                for name in ("raw", "lean")
+            }
+            for name, lean_s3 in (("preload", True), ("preload-boto3", False)):
+                if name in skip:
+                    continue
+                row = preload(config, args.objects, args.processes, workdir, lean_s3=lean_s3)
+                results[name] = row
+                ratios = ", ".join(
+                    f"{row['objects_per_s'] / rate:.2f}x the best {label} rate"
+                    for label, rate in (("raw boto3", best["raw"]), ("lean-client", best["lean"]))
+                    if rate
+                )
                 print(
-                    f"{row['what']}: {row['objects_per_s']:.0f} objects/s{ratio}; concurrency "
+                    f"{row['what']}: {row['objects_per_s']:.0f} objects/s"
+                    f"{' = ' + ratios if ratios else ''}; concurrency "
                     f"settled at {row['concurrency']['limit']} (median {row['concurrency_median']},"
                     f" peak {row['concurrency']['peak']}, throttled "
                     f"{row['concurrency']['throttled']}), failures {row['failures']}",

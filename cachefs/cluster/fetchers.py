@@ -14,6 +14,12 @@ each answer to the thread waiting for it. An answer says how many of the request
 store answered "slow down" (the adaptive limit's signal), and the bytes follow it raw
 (``send_bytes``: not pickled).
 
+S3 sources are read through the lean bulk-GET client (:class:`cachefs.store.s3_bulk.S3BulkReader`:
+botocore's SigV4 signer over pooled keep-alive connections, a fraction of boto3's client CPU per
+GET) unless ``lean_s3=False`` (:data:`LEAN_S3_GETS`) or the source's configuration needs boto3
+(:class:`~cachefs.store.s3_bulk.BulkClientUnsupported`: then S3Store, logged once). OSS and
+local sources use their usual store clients.
+
 The processes are started with ``forkserver``: forking the worker itself (threads, a FUSE
 session) would copy locks held by other threads. ``processes=0`` fetches in the calling thread
 instead (no extra processes; for small machines and tests).
@@ -28,6 +34,7 @@ only print a traceback).
 from __future__ import annotations
 
 import itertools
+import logging
 import multiprocessing
 import os
 import select
@@ -39,14 +46,21 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from cachefs.errors import CachefsError, StoreError
-from cachefs.store import StoreConfig, open_store
+from cachefs.store import StoreConfig, open_store, parse_uri
 from cachefs.store.concurrency import PRELOAD_BOUNDS, throttled_tries
+
+log = logging.getLogger(__name__)
 
 #: GETs one fetcher process runs at once: enough for the preload's whole adaptive ceiling,
 #: however the requests spread over the processes (threads start only when needed).
 FETCHER_THREADS = PRELOAD_BOUNDS.ceiling
 
-_stores: dict[StoreConfig, object] = {}  # per process: one store client per dataset source
+#: Whether fetchers read S3 sources with the lean bulk-GET client (cachefs/store/s3_bulk.py)
+#: rather than boto3 (S3Store). The one default; ``FetcherPool(lean_s3=...)`` overrides it.
+LEAN_S3_GETS = True
+
+# Per process: one store client per dataset source (and client kind).
+_stores: dict[tuple[StoreConfig, bool], object] = {}
 _stores_lock = threading.Lock()
 
 
@@ -67,21 +81,46 @@ class FetchFailed(StoreError):
         self.throttled = throttled
 
 
-def _store(config: StoreConfig):
+def _store(config: StoreConfig, lean_s3: bool):
     with _stores_lock:  # many fetch threads: one client per source
-        store = _stores.get(config)
+        store = _stores.get((config, lean_s3))
         if store is None:
-            store = _stores[config] = open_store(config)
+            store = _stores[(config, lean_s3)] = _open(config, lean_s3)
         return store
 
 
+def _open(config: StoreConfig, lean_s3: bool):
+    """The client a fetcher reads ``config``'s source with: for S3 (``lean_s3``), the lean
+    bulk-GET client, or S3Store where it cannot handle the configuration (the reasons are in
+    cachefs/store/s3_bulk.py, ``_refuse_unsupported``: a proxy, a signing other than SigV4
+    for "s3", an unusual URL); anything else, its usual store."""
+    if lean_s3 and parse_uri(config.uri).scheme == "s3":
+        from cachefs.store.s3_bulk import BulkClientUnsupported, S3BulkReader
+
+        try:
+            return S3BulkReader(config)
+        except BulkClientUnsupported as why:
+            log.info("fetching %s with boto3: %s", config.uri, why)
+    return open_store(config)
+
+
 def fetch_range(
-    config: StoreConfig, key: str, offset: int, length: int, etag: str
+    config: StoreConfig,
+    key: str,
+    offset: int,
+    length: int,
+    etag: str,
+    *,
+    lean_s3: bool = LEAN_S3_GETS,
 ) -> tuple[bytes | str, bool]:
     """One GET (with the store's retries). Returns (the bytes, throttled) or (the error as a
     string, throttled): exceptions of ours carry keyword-only constructor arguments that do
     not survive pickling. ``throttled``: the store counted a "slow down" try meanwhile."""
-    store = _store(config)
+    try:
+        # Opening can fail too (no credentials, a bad profile): the fetch fails with it.
+        store = _store(config, lean_s3)
+    except CachefsError as exc:
+        return str(exc), False
     before = throttled_tries(store)
     try:
         data: bytes | str = store.get_range(key, offset, length, etag=etag)
@@ -115,13 +154,13 @@ def exit_with(owner: int) -> None:
     threading.Thread(target=watch, name="cachefs-fetcher-owner", daemon=True).start()
 
 
-def serve(conn: Connection, owner: int, threads: int) -> None:
+def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
     """A fetcher process: GETs for each request on the pipe, answers in any order."""
     exit_with(owner)
     send_lock = threading.Lock()  # an answer and its bytes go out together
 
     def answer(number: int, request: tuple) -> None:
-        data, throttled = fetch_range(*request)
+        data, throttled = fetch_range(*request, lean_s3=lean_s3)
         error = data if isinstance(data, str) else None
         with send_lock:
             conn.send((number, error, throttled))
@@ -143,11 +182,11 @@ class _Fetcher:
     """One fetcher process, seen from the worker: its pipe, and the requests it has not
     answered yet."""
 
-    def __init__(self, context, threads: int):
+    def __init__(self, context, threads: int, lean_s3: bool):
         self.conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=serve,
-            args=(child_conn, os.getpid(), threads),
+            args=(child_conn, os.getpid(), threads, lean_s3),
             name="cachefs-fetcher",
             daemon=True,
         )
@@ -207,11 +246,15 @@ class _Fetcher:
 
 class FetcherPool:
     """``processes`` fetcher processes (started on the first fetch; one that died is replaced
-    on the next), each running up to ``threads`` GETs at once."""
+    on the next), each running up to ``threads`` GETs at once; S3 sources through the lean
+    bulk-GET client unless ``lean_s3`` is false (boto3)."""
 
-    def __init__(self, processes: int, *, threads: int = FETCHER_THREADS):
+    def __init__(
+        self, processes: int, *, threads: int = FETCHER_THREADS, lean_s3: bool = LEAN_S3_GETS
+    ):
         self.processes = processes
         self.threads = threads
+        self.lean_s3 = lean_s3
         self._fetchers: list[_Fetcher] = []
         self._numbers = itertools.count()
         self._lock = threading.Lock()  # many preload threads call fetch(): one set of processes
@@ -226,14 +269,14 @@ class FetcherPool:
             if len(self._fetchers) < self.processes:
                 context = multiprocessing.get_context("forkserver")
                 while len(self._fetchers) < self.processes:
-                    self._fetchers.append(_Fetcher(context, self.threads))
+                    self._fetchers.append(_Fetcher(context, self.threads, self.lean_s3))
             return min(self._fetchers, key=lambda f: len(f.pending))
 
     def fetch(self, config: StoreConfig, key: str, offset: int, length: int, etag: str) -> Fetched:
         """Blocking: call from a thread. Raises FetchFailed with the reason."""
         request = (config, key, offset, length, etag)
         if self.processes <= 0:
-            data, throttled = fetch_range(*request)
+            data, throttled = fetch_range(*request, lean_s3=self.lean_s3)
             if isinstance(data, str):
                 raise FetchFailed(data, throttled=throttled)
             fetched = Fetched(data, throttled)

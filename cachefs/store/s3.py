@@ -7,7 +7,8 @@ and one for LIST pages, which a big bucket may legitimately take seconds to prod
 (``listing_timeout_s``). botocore's own retries are off: reads go through
 :class:`cachefs.store.retry.HedgedReads` (hedged, replaced when they stall), HEAD and LIST
 through :func:`cachefs.store.retry.call_with_retries`; every SDK exception is translated into
-our error vocabulary by exactly one function, :func:`_map_error`.
+our error vocabulary by exactly one function, :func:`map_error` (an HTTP error answer by
+:func:`error_for_answer`, which the lean bulk-GET client in :mod:`cachefs.store.s3_bulk` shares).
 
 Credentials are looked up by botocore, never by us, and never appear in messages or logs:
 with ``credentials_file`` and/or ``profile`` set, only that profile of that file is used (an
@@ -51,7 +52,7 @@ from cachefs.store.retry import (
     is_throttling,
     network_failure_cause,
 )
-from cachefs.store.uri import check_endpoint, parse_uri
+from cachefs.store.uri import SourceURI, check_endpoint, parse_uri
 
 T = TypeVar("T")
 
@@ -77,7 +78,7 @@ _TRANSIENT_CODES = frozenset(
         "OperationAborted",
     }
 )
-_CHANGED = "the object changed in the store since the dataset snapshot (refresh the dataset)"
+CHANGED = "the object changed in the store since the dataset snapshot (refresh the dataset)"
 
 # Error codes that mean "these credentials are wrong, expired or not allowed".
 _AUTH_CODES = frozenset(
@@ -107,15 +108,15 @@ class S3Store:
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be 1..{MAX_PAGE_SIZE}, not {page_size}")
         endpoint = check_endpoint(config.endpoint) if config.endpoint else None
-        self.description = f"{source} at {endpoint}" if endpoint else str(source)
+        self.description = describe(source, endpoint)
         self._bucket = source.bucket
         self._prefix = source.prefix
         self._dataset = config.dataset
         self._retry = config.retry
         self._page_size = page_size
-        self._client = self._call("connect", "", lambda: _make_client(config, endpoint))
+        self._client = self._call("connect", "", lambda: make_client(config, endpoint))
         self._list_client = self._call(
-            "connect", "", lambda: _make_client(config, endpoint, listing=True)
+            "connect", "", lambda: make_client(config, endpoint, listing=True)
         )
         self._reads = HedgedReads(self._retry, name="cachefs-s3-read")
 
@@ -217,7 +218,7 @@ class S3Store:
             # A store that ignores If-Match must still not hand us another version's bytes.
             returned_etag = response.get("ETag")
             if etag is not None and returned_etag is not None and returned_etag.strip('"') != etag:
-                raise self._error(ObjectChanged, _CHANGED, key)
+                raise self._error(ObjectChanged, CHANGED, key)
             announced = response.get("ContentLength", 0)
             if announced > length:  # it ignored the Range header: never swallow a whole object
                 raise body_length_error(
@@ -247,13 +248,13 @@ class S3Store:
             urllib3.exceptions.HTTPError,
             OSError,
         ) as exc:
-            raise _map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
+            raise map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
 
     def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
         return kind(cause, dataset=self._dataset, key=key, store=self.description)
 
 
-def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreError:
+def map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreError:
     """The one place where S3 SDK exceptions become cachefs store errors.
 
     Messages use only status codes, S3 error codes and exception class names — never the
@@ -266,20 +267,7 @@ def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreEr
     if isinstance(exc, botocore.exceptions.ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-        if is_throttling(status, code):
-            return error(StoreThrottled, f"the store is unavailable: HTTP {status} {code}")
-        if status >= 500 or code in _TRANSIENT_CODES:
-            return error(StoreUnavailable, f"the store is unavailable: HTTP {status} {code}")
-        if status in (401, 403) or code in _AUTH_CODES:
-            return error(StoreAuthError, f"credentials rejected by S3: {code or status}")
-        if code == "NoSuchBucket":
-            return error(StoreBucketNotFound, "the bucket does not exist")
-        if code in ("NoSuchKey", "NotFound", "404") or status == 404:
-            # HEAD has no body, so S3 cannot say whether the key or the bucket is missing.
-            return error(ObjectNotFound, "the object does not exist in the store")
-        if code == "PreconditionFailed" or status == 412:
-            return error(ObjectChanged, _CHANGED)
-        return error(StoreIOError, f"unexpected response from the store: HTTP {status} {code}")
+        return error_for_answer(status, code, key=key, dataset=dataset, store=store)
     if isinstance(
         exc, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)
     ):
@@ -294,7 +282,7 @@ def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreEr
             f"AWS profile {exc.kwargs.get('profile')!r} not found in "
             "the credentials or config file",
         )
-    if isinstance(exc, botocore.exceptions.SSLError):
+    if isinstance(exc, botocore.exceptions.SSLError | urllib3.exceptions.SSLError):
         return error(StoreIOError, "TLS handshake with the store failed (SSLError)")
     if isinstance(
         exc,
@@ -310,8 +298,36 @@ def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreEr
     return error(StoreIOError, f"unexpected failure talking to the store: {type(exc).__name__}")
 
 
-def _make_client(config: StoreConfig, endpoint: str | None, *, listing: bool = False) -> Any:
-    """A botocore S3 client: for reads (``listing=False``) or for LIST pages."""
+def describe(source: SourceURI, endpoint: str | None) -> str:
+    """A store's ``description``: its URI, and the endpoint if one is set (never a secret)."""
+    return f"{source} at {endpoint}" if endpoint else str(source)
+
+
+def error_for_answer(status: int, code: str, *, key: str, dataset: str, store: str) -> StoreError:
+    """The store error for an S3 error answer: its HTTP ``status`` and S3 error ``code`` (from
+    the XML body; "" when there is none, as for HEAD)."""
+
+    def error(kind: type[StoreError], cause: str) -> StoreError:
+        return kind(cause, dataset=dataset, key=key, store=store)
+
+    if is_throttling(status, code):
+        return error(StoreThrottled, f"the store is unavailable: HTTP {status} {code}")
+    if status >= 500 or code in _TRANSIENT_CODES:
+        return error(StoreUnavailable, f"the store is unavailable: HTTP {status} {code}")
+    if status in (401, 403) or code in _AUTH_CODES:
+        return error(StoreAuthError, f"credentials rejected by S3: {code or status}")
+    if code == "NoSuchBucket":
+        return error(StoreBucketNotFound, "the bucket does not exist")
+    if code in ("NoSuchKey", "NotFound", "404") or status == 404:
+        # HEAD has no body, so S3 cannot say whether the key or the bucket is missing.
+        return error(ObjectNotFound, "the object does not exist in the store")
+    if code == "PreconditionFailed" or status == 412:
+        return error(ObjectChanged, CHANGED)
+    return error(StoreIOError, f"unexpected response from the store: HTTP {status} {code}")
+
+
+def make_session(config: StoreConfig) -> botocore.session.Session:
+    """The botocore session whose credentials (and region) a store of ``config`` uses."""
     profile = config.profile
     if config.credentials_file is not None:
         if not os.access(config.credentials_file, os.R_OK):
@@ -323,6 +339,19 @@ def _make_client(config: StoreConfig, endpoint: str | None, *, listing: bool = F
     session = botocore.session.Session(profile=profile)
     if config.credentials_file is not None:
         session.set_config_variable("credentials_file", config.credentials_file)
+    return session
+
+
+def make_client(
+    config: StoreConfig,
+    endpoint: str | None,
+    *,
+    listing: bool = False,
+    session: botocore.session.Session | None = None,
+) -> Any:
+    """A botocore S3 client: for reads (``listing=False``) or for LIST pages; from ``session``
+    (default: a new :func:`make_session`)."""
+    session = session or make_session(config)
     path_style = config.path_style if config.path_style is not None else endpoint is not None
     policy = config.retry
     client_config = botocore.config.Config(

@@ -1,0 +1,318 @@
+"""Ranged GETs from S3 at a fraction of boto3's client CPU: for bulk fetching (preload).
+
+Each boto3 ``get_object`` runs botocore's whole request pipeline: parameter validation,
+serialisation, the endpoint rule set, a dozen event hooks, signing, and response parsing —
+several milliseconds of CPU for a 110 KB GET (``python -m bench.store_fetch_rate``), which made
+boto3 the limit of a preload on a small machine. :class:`S3BulkReader` sends the same GET
+itself: the request signed by botocore's own SigV4 signer (:class:`botocore.auth.S3SigV4Auth`,
+the S3 variant of ``SigV4Auth``: it signs the key's path as sent, without the path
+normalisation that would break keys such as ``a/../b``), over one pool of keep-alive
+connections (urllib3, which botocore itself sends through). It only reads ranges; listings,
+HEADs and everything else stay on :class:`~cachefs.store.s3.S3Store` (boto3).
+
+What it shares with S3Store, so that both behave alike:
+
+- the configuration: credentials, region, endpoint and addressing style are botocore's, from
+  the same session and client settings (:func:`cachefs.store.s3.make_session` and
+  :func:`~cachefs.store.s3.make_client`). To learn the URL and the signing scope, it lets that
+  client build (and sign) one GET of a probe key and stops it before it is sent
+  (``before-send``): whatever the endpoint rules decide (path or virtual-host style, regional
+  names, FIPS or dual-stack endpoints set in the profile) is what it then uses for every key.
+  Credentials are botocore's credentials object, frozen anew for each request, so temporary
+  ones are refreshed as boto3 would;
+- TLS: the CA bundle botocore would use (``ca_bundle`` / ``AWS_CA_BUNDLE``,
+  ``REQUESTS_CA_BUNDLE``, else certifi's) and botocore's TLS context;
+- the retries: :class:`~cachefs.store.retry.HedgedReads` under the dataset's
+  :class:`~cachefs.store.base.RetryPolicy` (hedges, per-try timeouts, backoff, the same
+  give-up messages), the etag sent as ``If-Match`` on every try;
+- the errors: S3 error answers go through :func:`cachefs.store.s3.error_for_answer` and
+  network failures through :func:`cachefs.store.s3.map_error`, so a 404, a changed object, a
+  "SlowDown", rejected credentials read exactly as S3Store's do.
+
+Configurations it does not handle make the constructor raise :class:`BulkClientUnsupported`
+(the caller then uses S3Store): see :func:`_refuse_unsupported`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote, urlsplit
+
+import botocore.auth
+import botocore.awsrequest
+import botocore.exceptions
+import botocore.httpsession
+import botocore.session
+import botocore.utils
+import urllib3
+import urllib3.exceptions
+
+from cachefs.errors import ConfigError, ObjectChanged, StoreError, StoreUnavailable
+from cachefs.store.base import StoreConfig
+from cachefs.store.retry import (
+    ATTEMPT_THREADS,
+    Attempt,
+    HedgedReads,
+    ShortBody,
+    body_length_error,
+    call_with_retries,
+    check_body_length,
+)
+from cachefs.store.s3 import (
+    CHANGED,
+    describe,
+    error_for_answer,
+    make_client,
+    make_session,
+    map_error,
+)
+from cachefs.store.uri import SourceURI, check_endpoint, parse_uri
+
+T = TypeVar("T")
+
+#: The key whose GET the read client builds (never sends) to learn the URL and signing scope.
+PROBE_KEY = "cachefs-bulk-probe"
+#: The error code in an S3 error answer's XML body (small; a regular expression is enough).
+_ERROR_CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
+#: How much of an error answer's body is read to find its code.
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+class BulkClientUnsupported(Exception):
+    """This store configuration needs boto3: the reason, as one line (no secrets)."""
+
+
+class _Probed(Exception):
+    """Stops the probe GET in ``before-send``: it has been built and signed, not sent."""
+
+
+class S3BulkReader:
+    """Ranged GETs of one ``s3://bucket/prefix`` source (keys relative to the prefix, like
+    every store's). Thread-safe; :meth:`close` when done."""
+
+    def __init__(self, config: StoreConfig):
+        source = parse_uri(config.uri)
+        if source.scheme != "s3":
+            raise ConfigError(f"S3BulkReader cannot open {config.uri!r}: it is not an s3:// URI")
+        endpoint = check_endpoint(config.endpoint) if config.endpoint else None
+        self.description = describe(source, endpoint)
+        self._dataset = config.dataset
+        self._retry = config.retry
+        self._prefix = source.prefix
+        probe = self._call("connect", lambda: _probe(config, endpoint, source))
+        self._url_start, self._path_start = probe.url_start, probe.path_start
+        self._region, self._credentials = probe.region, probe.credentials
+        timeout = self._retry.attempt_timeout_s
+        self._pool = urllib3.connection_from_url(
+            probe.url_start,
+            maxsize=ATTEMPT_THREADS,  # one connection per thread that may run a try
+            block=False,
+            timeout=urllib3.Timeout(connect=timeout, read=timeout),
+            retries=False,  # ours is the only retry loop
+            **probe.tls,
+        )
+        self._reads = HedgedReads(self._retry, name="cachefs-s3-bulk")
+
+    def get_range(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        """Exactly ``length`` bytes of ``key`` from ``offset``, as
+        :meth:`~cachefs.store.base.ObjectStore.get_range` promises."""
+        if length == 0:
+            return b""
+        # Quoted as botocore quotes a key in a URL path: UTF-8, everything but "/" and "~".
+        path = self._path_start + quote(self._prefix + key, safe="/~")
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
+        if etag is not None:
+            headers["If-Match"] = f'"{etag}"'
+
+        def get_once(attempt: Attempt) -> bytes:
+            body = self._attempt(
+                key, lambda: self._get_body(key, path, headers, etag, length, attempt)
+            )
+            return check_body_length(
+                body, length, key=key, store=self.description, dataset=self._dataset
+            )
+
+        return self._reads.call(
+            get_once,
+            what=f"GET {key!r} bytes {offset}+{length}",
+            stalled=lambda cause: self._error(StoreUnavailable, cause, key),
+        )
+
+    @property
+    def throttled_tries(self) -> int:
+        """Tries of reads the store answered "slow down" so far (the adaptive limits' signal)."""
+        return self._reads.throttled_tries
+
+    @property
+    def tries_in_flight(self) -> int:
+        """Tries of reads not ended yet, abandoned ones included (they end by their timeouts)."""
+        return self._reads.in_flight
+
+    def close(self) -> None:
+        self._reads.close()
+        self._pool.close()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _get_body(
+        self,
+        key: str,
+        path: str,
+        headers: dict[str, str],
+        etag: str | None,
+        length: int,
+        attempt: Attempt,
+    ) -> bytes:
+        """One try: sign, send, check the answer's headers, read its body in one call."""
+        request = botocore.awsrequest.AWSRequest("GET", self._url_start + path, headers=headers)
+        # Frozen per request: refreshable (temporary) credentials renew themselves here.
+        credentials = self._credentials.get_frozen_credentials()
+        botocore.auth.S3SigV4Auth(credentials, "s3", self._region).add_auth(request)
+        response = self._pool.urlopen(
+            "GET",
+            path,
+            headers=dict(request.headers.items()),
+            redirect=False,
+            preload_content=False,  # the headers first: a lost try stops before the body
+            decode_content=False,
+        )
+        attempt.first_byte()
+        complete = False
+        try:
+            attempt.check_abandoned()
+            if response.status >= 300:
+                code = _error_code(response.read(_ERROR_BODY_LIMIT, decode_content=False))
+                raise error_for_answer(
+                    response.status, code, key=key, dataset=self._dataset, store=self.description
+                )
+            # A store that ignores If-Match must still not hand us another version's bytes.
+            returned_etag = response.headers.get("ETag")
+            if etag is not None and returned_etag is not None and returned_etag.strip('"') != etag:
+                raise self._error(ObjectChanged, CHANGED, key)
+            announced = int(response.headers.get("Content-Length", 0))
+            if announced > length:  # it ignored the Range header: never swallow a whole object
+                raise body_length_error(
+                    announced, length, key=key, store=self.description, dataset=self._dataset
+                )
+            try:
+                body = response.read(decode_content=False)
+            except urllib3.exceptions.ProtocolError as exc:
+                # The connection died mid-body (IncompleteRead is one): retry, never hand out
+                # the partial bytes.
+                cause = f"the body was cut short ({type(exc).__name__})"
+                raise self._error(ShortBody, cause, key) from exc
+            complete = True
+            return body
+        finally:
+            if not complete:
+                response.close()  # unread bytes: this connection cannot carry another request
+            response.release_conn()
+
+    def _call(self, what: str, call: Callable[[], T]) -> T:
+        return call_with_retries(lambda: self._attempt("", call), self._retry, what=what)
+
+    def _attempt(self, key: str, call: Callable[[], T]) -> T:
+        """Run one try, translating what botocore or urllib3 raise into a StoreError."""
+        try:
+            return call()
+        except (
+            botocore.exceptions.BotoCoreError,
+            botocore.exceptions.ClientError,
+            urllib3.exceptions.HTTPError,
+            OSError,
+        ) as exc:
+            raise map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
+
+    def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
+        return kind(cause, dataset=self._dataset, key=key, store=self.description)
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """What the probe GET taught: where requests go, how they are signed, over what TLS."""
+
+    url_start: str  # scheme://host[:port]
+    path_start: str  # the URL path before the (quoted) key: "/bucket/" or "/"
+    region: str  # the signing region
+    credentials: Any  # botocore's credentials object (refreshable ones renew themselves)
+    tls: dict[str, Any]  # urllib3 pool arguments for https; {} for http
+
+
+def _probe(config: StoreConfig, endpoint: str | None, source: SourceURI) -> _Probe:
+    """Let a botocore client set up exactly as S3Store's build and sign a GET of a probe key
+    (stopped before it is sent), and read the URL and signing scope off it."""
+    session = make_session(config)
+    client = make_client(config, endpoint, session=session)
+    probed: list[botocore.awsrequest.AWSPreparedRequest] = []
+
+    def stop(request: botocore.awsrequest.AWSPreparedRequest, **_: Any) -> None:
+        probed.append(request)
+        raise _Probed
+
+    client.meta.events.register_first("before-send.s3.GetObject", stop)
+    try:
+        client.get_object(Bucket=source.bucket, Key=source.prefix + PROBE_KEY)
+    except _Probed:
+        pass
+    finally:
+        client.close()
+    request = probed[0]
+    url = urlsplit(request.url)
+    quoted_key = quote(source.prefix + PROBE_KEY, safe="/~")
+    authorization = request.headers.get("Authorization", b"")
+    if isinstance(authorization, bytes):  # prepared requests hold their headers encoded
+        authorization = authorization.decode("ascii", "replace")
+    scope = re.match(
+        r"AWS4-HMAC-SHA256 Credential=[^/]+/\d{8}/([^/]+)/([^/]+)/aws4_request,", authorization
+    )
+    _refuse_unsupported(request, url, quoted_key, scope)
+    return _Probe(
+        url_start=f"{url.scheme}://{url.netloc}",
+        path_start=url.path[: -len(quoted_key)],
+        region=scope.group(1),
+        credentials=session.get_credentials(),
+        tls=_tls_arguments(session) if url.scheme == "https" else {},
+    )
+
+
+def _refuse_unsupported(request, url, quoted_key: str, scope: re.Match | None) -> None:
+    """Raise :class:`BulkClientUnsupported` for what this client does not reproduce of
+    botocore's GET; the fetchers then use S3Store (boto3), which handles them all."""
+    # An HTTP(S) proxy from the environment: botocore tunnels through it (CONNECT, proxy
+    # authentication, no_proxy rules); this client connects directly only.
+    if botocore.utils.get_environ_proxies(request.url).get(url.scheme):
+        raise BulkClientUnsupported("an HTTP proxy is configured for the endpoint")
+    # Anything but plain SigV4 for the "s3" service: S3 Express One Zone's session auth,
+    # multi-region access points (SigV4a), Outposts ("s3-outposts"), SigV2 forced in a profile.
+    if scope is None or scope.group(2) != "s3":
+        raise BulkClientUnsupported("the store's requests are not signed with plain SigV4 for s3")
+    # A URL that is not "where the key goes" + the quoted key (a query string, say): the
+    # endpoint rules built something this client would not rebuild per key.
+    if url.query or not url.path.endswith(quoted_key):
+        raise BulkClientUnsupported("the store's GET URL is not of the form endpoint + key")
+
+
+def _tls_arguments(session: botocore.session.Session) -> dict[str, Any]:
+    """urllib3 pool arguments for TLS as botocore verifies it: the CA bundle from the profile
+    (``ca_bundle``, ``AWS_CA_BUNDLE``), else ``REQUESTS_CA_BUNDLE``, else certifi's; a bundle
+    that is a directory is a CA directory; botocore's TLS context."""
+    verify = (
+        session.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE") or True
+    )
+    ca_path = botocore.httpsession.get_cert_path(verify)
+    where = "ca_cert_dir" if os.path.isdir(ca_path) else "ca_certs"
+    return {
+        "cert_reqs": "CERT_REQUIRED",
+        where: ca_path,
+        "ssl_context": botocore.httpsession.create_urllib3_context(),
+    }
+
+
+def _error_code(body: bytes) -> str:
+    """The <Code> of an S3 error answer's XML body ("" when there is none)."""
+    match = _ERROR_CODE.search(body)
+    return match.group(1).decode("utf-8", "replace") if match else ""
