@@ -74,6 +74,9 @@ from cachefs.store.uri import SourceURI, check_endpoint, parse_uri
 
 T = TypeVar("T")
 
+#: The User-Agent of its requests: a store's logs (and the tests' fault proxy) tell them apart
+#: from boto3's.
+USER_AGENT = "cachefs-s3-bulk"
 #: The key whose GET the read client builds (never sends) to learn the URL and signing scope.
 PROBE_KEY = "cachefs-bulk-probe"
 #: The error code in an S3 error answer's XML body (small; a regular expression is enough).
@@ -124,7 +127,7 @@ class S3BulkReader:
             return b""
         # Quoted as botocore quotes a key in a URL path: UTF-8, everything but "/" and "~".
         path = self._path_start + quote(self._prefix + key, safe="/~")
-        headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}", "User-Agent": USER_AGENT}
         if etag is not None:
             headers["If-Match"] = f'"{etag}"'
 

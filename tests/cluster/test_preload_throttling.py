@@ -1,12 +1,15 @@
 """Preload against a store that throttles: a real S3 endpoint (moto) behind the fault proxy,
 which answers 503 SlowDown to 20 % of the GETs, fetched by the Preloader through real fetcher
-processes (``FetcherPool(2)``). Every object must arrive byte for byte (the throttled tries
-retried), and the adaptive concurrency must have come down from its peak."""
+processes (``FetcherPool(2)``), with each of their S3 clients: the lean bulk-GET client (the
+default) and boto3 (S3Store, its fallback). Every object must arrive byte for byte (the
+throttled tries retried), every GET must have come from the client asked for, and the adaptive
+concurrency must have come down from its peak."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 import trio
 
 from cachefs.cache import TierConfig, TieredBlockCache
@@ -17,6 +20,7 @@ from cachefs.cluster.preload import Preloader
 from cachefs.meta import Snapshot, build_snapshot
 from cachefs.store import StoreConfig, open_store
 from cachefs.store.base import RetryPolicy
+from cachefs.store.s3_bulk import USER_AGENT
 from tests.waiting import WAIT_S
 
 BLOCK = 16 * 1024
@@ -33,8 +37,9 @@ class Worker:
         return self.snapshot, self.config, SOURCE_ID, BLOCK
 
 
+@pytest.mark.parametrize("lean_s3", [True, False], ids=["lean-client", "boto3"])
 async def test_preload_from_a_throttling_store_retries_and_lowers_its_concurrency(
-    tmp_path, moto_s3, fault_proxy
+    tmp_path, moto_s3, fault_proxy, lean_s3
 ) -> None:
     rng = random.Random(17)
     files = {f"train/{i:03d}.bin": rng.randbytes(rng.randint(1, 2 * BLOCK)) for i in range(150)}
@@ -54,7 +59,7 @@ async def test_preload_from_a_throttling_store_retries_and_lowers_its_concurrenc
     cache = TieredBlockCache(
         str(tmp_path / "index"), [TierConfig("ram", str(tmp_path / "ram"), 64 << 20)]
     )
-    pool = FetcherPool(2)
+    pool = FetcherPool(2, lean_s3=lean_s3)
     try:
         membership = Membership("n1")
         membership.update(
@@ -91,6 +96,11 @@ async def test_preload_from_a_throttling_store_retries_and_lowers_its_concurrenc
         blocks = sum(-(-len(data) // BLOCK) for data in files.values())
         gets = fault_proxy.count("GET", path_contains="/ds/train/")
         assert gets > blocks  # the throttled tries were retried
+        agents = fault_proxy.user_agents("GET", path_contains="/ds/train/")
+        if lean_s3:
+            assert agents == {USER_AGENT}
+        else:
+            assert len(agents) == 1 and next(iter(agents)).startswith("Botocore/"), agents
         report = preloader.concurrency.report()
         assert report["throttled"] > 0 and report["decreases"] > 0, report
         assert report["limit"] < report["peak"], report

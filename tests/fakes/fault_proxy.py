@@ -4,7 +4,8 @@ Put it between the code under test and a real upstream (moto, the fake OSS serve
 
 - **count** requests: ``proxy.count("GET", path_contains="train/")`` — every request that
   reached the proxy, answered or faulted, by method and URL path (percent-decoded, without the
-  query string: a ListObjects call counts as ``GET /bucket``);
+  query string: a ListObjects call counts as ``GET /bucket``); ``proxy.user_agents(...)``: the
+  User-Agent headers they came with (which client sent them);
 - **inject faults** by rule, each for the next ``n`` matching requests or until cleared:
   an HTTP error with an S3/OSS-style XML body (``fail_next``, ``fail_matching``, or for a
   random fraction of the requests ``fail_fraction``: a throttling store), a TCP reset
@@ -126,6 +127,7 @@ class FaultProxy:
         self.upstream_timeout_s = upstream_timeout_s
         self._lock = threading.Lock()
         self._seen: list[tuple[str, str]] = []
+        self._user_agents: list[str] = []  # the User-Agent of each request in _seen
         self._rules: list[FaultRule] = []
         self._server: _Server | None = None
         self._serve_thread: threading.Thread | None = None
@@ -201,9 +203,23 @@ class FaultProxy:
         with self._lock:
             return list(self._seen)
 
+    def user_agents(
+        self, method: str | None = None, *, path_contains: str | None = None
+    ) -> set[str]:
+        """The User-Agent headers ("" for none) of the requests matching ``method`` and
+        ``path_contains``: which client sent them."""
+        with self._lock:
+            return {
+                agent
+                for (seen_method, path), agent in zip(self._seen, self._user_agents, strict=True)
+                if (method is None or seen_method == method)
+                and (path_contains is None or path_contains in path)
+            }
+
     def reset_counts(self) -> None:
         with self._lock:
             self._seen.clear()
+            self._user_agents.clear()
             self._stalled = 0
 
     @property
@@ -359,10 +375,13 @@ class FaultProxy:
 
     # --- used by the handler -----------------------------------------------------------------
 
-    def _record_and_match(self, method: str, path: str) -> tuple[FaultRule | None, threading.Event]:
+    def _record_and_match(
+        self, method: str, path: str, user_agent: str = ""
+    ) -> tuple[FaultRule | None, threading.Event]:
         """Count the request and consume one use of the first rule that matches it."""
         with self._lock:
             self._seen.append((method, path))
+            self._user_agents.append(user_agent)
             for rule in self._rules:
                 if rule.matches(method, path):
                     if rule.fraction < 1.0 and self._random.random() >= rule.fraction:
@@ -440,7 +459,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         except (OSError, ValueError):
             self.close_connection = True
             return
-        rule, unblock = self.proxy._record_and_match(method, path)
+        user_agent = self.headers.get("User-Agent", "")
+        rule, unblock = self.proxy._record_and_match(method, path, user_agent)
         action = "forward" if rule is None else rule.action
         if action == "blackhole":
             unblock.wait()  # until clear_faults() or stop(); then drop the connection
