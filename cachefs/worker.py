@@ -57,7 +57,7 @@ from cachefs.meta import BuildResult, Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics, counter, gauge, labelled_counter, make_registry
 from cachefs.mountpoint import forget_mount, prepare_mountpoint, remember_mount
 from cachefs.peer.client import PeerClient
-from cachefs.peer.server import create_peer_app
+from cachefs.peer.server import PeerServer
 from cachefs.pidlock import WORKER_LOCK_NAME, LockHeld, take_pid_lock
 from cachefs.protocol import DatasetSpec
 from cachefs.registry import Registry
@@ -158,6 +158,7 @@ class Worker(WorkerAPI):
         self.fs: FileSystem | None = None
         self.membership: Membership | None = None
         self.peers: PeerClient | None = None
+        self.peer_server: PeerServer | None = None
         self.agent: ClusterAgent | None = None
         self.preloader: Preloader | None = None
         self._local_preloads: LocalPreloads | None = None  # single node: preload jobs run here
@@ -367,11 +368,11 @@ class Worker(WorkerAPI):
                     # proves that happened, so our setting is not overwritten.
                     await trio.to_thread.run_sync(os.stat, mount_path)
                     set_readahead(mount_path, cfg.readahead_kib)
-                if cfg.coordinator:
-                    await self._start_cluster(nursery, listeners.pop("peer"))
-                else:
-                    self._local_preloads = await self._open_local_preloads()
                 async with trio.open_nursery() as background:
+                    if cfg.coordinator:
+                        await self._start_cluster(background, listeners.pop("peer"))
+                    else:
+                        self._local_preloads = await self._open_local_preloads()
                     background.start_soon(self._housekeeping)
                     await background.start(self.fs.reader.serve_readahead)
                     await background.start(self.prefetcher.run)
@@ -389,9 +390,6 @@ class Worker(WorkerAPI):
                     background.cancel_scope.cancel()
                 nursery.cancel_scope.deadline = trio.current_time() + 10  # never hang on exit
         finally:
-            if self.peers is not None:
-                with trio.CancelScope(shield=True):
-                    await self.peers.aclose()
             fuse_ops.unmount()
             if self.fs.native is not None:
                 self.metrics.native_reads = self.fs.native.stats().copy  # keep the last counts
@@ -402,19 +400,16 @@ class Worker(WorkerAPI):
             log.info("unmounted %s", cfg.mountpoint)
 
     async def _start_cluster(self, nursery: trio.Nursery, peer_listener: socket.socket) -> None:
-        """Cluster mode: the peer block server, the peer client the read path uses, the
-        preloader, the filler, the task runner and the heartbeat agent (started by the
-        caller)."""
+        """Cluster mode: the peer block server and the peer client the read path uses (both
+        run in ``nursery``, cancelled at shutdown), the preloader, the filler, the task runner
+        and the heartbeat agent (started by the caller)."""
         cfg = self.config
         self.peers = PeerClient(cfg.token, timeout_s=cfg.peer_timeout_s)
+        await nursery.start(self.peers.run)
         self.fs.reader.peers = self.peers
         self.fs.reader.route = self.membership
-        await nursery.start(
-            self._serve_http,
-            create_peer_app(self.fs.serve_peer_block, cfg.token),
-            peer_listener,
-            "peer",
-        )
+        self.peer_server = PeerServer(self.fs.serve_peer_block, cfg.token)
+        await nursery.start(self.peer_server.serve, peer_listener)
         self._fetchers = FetcherPool(cfg.preload_processes)
         self.preloader = Preloader(
             self,

@@ -35,3 +35,16 @@ def wait_for(condition, what: str, timeout: float | None = None, interval: float
             detail = f" (last error: {last_error!r})" if last_error is not None else ""
             raise AssertionError(f"timed out after {bound:.0f}s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+async def wait_until(condition, what: str = "the condition", timeout: float | None = None) -> None:
+    """:func:`wait_for` inside a trio test: polls ``condition()`` with trio sleeps, so the tasks
+    it waits for keep running."""
+    import trio
+
+    bound = WAIT_S if timeout is None else max(timeout, WAIT_S)
+    with trio.move_on_after(bound):
+        while not condition():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out after {bound:.0f} s waiting for {what}")

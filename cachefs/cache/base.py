@@ -143,6 +143,17 @@ class CheckedBlock(NamedTuple):
         return cls(data, chunk_checksums(data))
 
 
+class OpenBlock(NamedTuple):
+    """A whole cached block as an open file of its own, just verified, for sending without
+    copying it through Python (``os.sendfile``): the descriptor (the receiver closes it), the
+    block's size and the chunk checksums recorded at its admission (what the peer that asked
+    checks the bytes it receives against, as for a :class:`CheckedBlock`)."""
+
+    fd: int
+    size: int
+    chunk_checksums: bytes
+
+
 class BlockFile(NamedTuple):
     """A cached block's file as a same-node short-circuit reader needs it: the file, and the
     size and xxh3_64 recorded when the block was admitted, which the reader checks before it
@@ -207,6 +218,14 @@ class BlockCache(Protocol):
     def read_with_checksums(self, key: BlockKey, *, tier: str | None = None) -> CheckedBlock | None:
         """The whole block, verified as :meth:`read` does, with the chunk checksums recorded at
         its admission (what a peer that asked for the block checks it against)."""
+        ...
+
+    def open_verified(
+        self, key: BlockKey, *, tier: str | None = None
+    ) -> OpenBlock | CheckedBlock | None:
+        """The whole block, verified as :meth:`read` does, as an :class:`OpenBlock` (a
+        descriptor of its own, to send from) where it can be, else as :meth:`read_with_checksums`
+        gives it; None if it is not cached (or was dropped as corrupt)."""
         ...
 
     def put(self, key: BlockKey, data: bytes) -> str | None:

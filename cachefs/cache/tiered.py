@@ -42,6 +42,7 @@ from cachefs.cache.base import (
     CacheCounters,
     CheckedBlock,
     ChunkedBlockFile,
+    OpenBlock,
     TierUsage,
     checksum,
     chunk_checksums,
@@ -110,6 +111,7 @@ class TieredBlockCache:
         self._stamp_lock = threading.Lock()
         self._touched: dict[bytes, int] = {}
         self._chunk_upgrades: dict[bytes, tuple[int, bytes]] = {}
+        self._thread_buffers = threading.local()  # open_verified's check buffers
 
         self._index = BlockIndex(index_dir, index_map_size)
         try:
@@ -268,6 +270,51 @@ class TieredBlockCache:
         # An entry from index format 1 has none stored yet: they are computed from bytes that
         # were just verified against its whole-block checksum, stored at admission.
         return CheckedBlock(data, entry.chunk_checksums or chunk_checksums(data))
+
+    def open_verified(
+        self, key: BlockKey, *, tier: str | None = None
+    ) -> OpenBlock | CheckedBlock | None:
+        # The bytes are checked in a buffer this thread reuses, and sent from the page cache by
+        # whoever receives the descriptor: the check stays, the copy into a Python object and
+        # the copy back out of it go. Entries that still lack chunk checksums (index format 1)
+        # and blocks a read would promote take the ordinary path, which handles both.
+        self._check_open()
+        raw = key.raw
+        value = self._index.get(raw)
+        if value is None or (tier is not None and value[0] != self._tier_id_of(tier)):
+            return None
+        entry = Entry.unpack(value)
+        block_tier = self._tier_by_id[entry.tier_id]
+        promotable = self._promote and block_tier is not self._tiers[0]
+        if not entry.chunk_checksums or promotable:
+            return self.read_with_checksums(key, tier=tier)
+        self._touch(raw)
+        open_files = block_tier.open_files
+        try:
+            fd, stat, kept = open_files.open(raw, entry.file_id)
+        except FileNotFoundError:
+            return self.read_with_checksums(key, tier=tier)  # vanished: its checks drop it
+        try:
+            view = self._check_buffer(entry.size)
+            intact = (
+                stat.st_size == entry.size
+                and os.preadv(fd, [view], 0) == entry.size
+                and first_bad_chunk(view, entry.chunk_checksums) is None
+            )
+            own_fd = os.dup(fd) if intact else -1  # the cache may close its own at any time
+        finally:
+            open_files.release(fd, kept)
+        if not intact:
+            self._drop(raw, entry, corrupt=True)
+            return None
+        return OpenBlock(own_fd, entry.size, entry.chunk_checksums)
+
+    def _check_buffer(self, size: int) -> memoryview:
+        """``size`` bytes of a buffer this thread reuses for :meth:`open_verified`'s check."""
+        buffer = getattr(self._thread_buffers, "buffer", None)
+        if buffer is None or len(buffer) < size:
+            buffer = self._thread_buffers.buffer = bytearray(size)
+        return memoryview(buffer)[:size]
 
     def _read(
         self, raw: bytes, offset: int, length: int, tier: str | None

@@ -39,7 +39,7 @@ from typing import Protocol
 
 import trio
 
-from cachefs.cache.base import BlockCache, BlockKey, CheckedBlock
+from cachefs.cache.base import BlockCache, BlockKey, CheckedBlock, OpenBlock
 from cachefs.errors import CachefsError, StoreError, StoreIOError
 from cachefs.metrics import WorkerMetrics
 from cachefs.peer.base import BlockRequest, PeerError, PeerRefused, PeerUnavailable
@@ -305,7 +305,7 @@ class BlockReader:
 
     async def read_owned_block(
         self, source: DataSource, file: FileVersion, index: int
-    ) -> CheckedBlock:
+    ) -> CheckedBlock | OpenBlock:
         """A whole block for a peer that asked this node, its owner: from the cache (with the
         chunk checksums recorded at its admission), else from the store and admitted here.
         Never forwarded to another node as a plain request (two nodes with different views of
@@ -328,7 +328,7 @@ class BlockReader:
 
     async def read_cached_block(
         self, source: DataSource, file: FileVersion, index: int
-    ) -> CheckedBlock | None:
+    ) -> CheckedBlock | OpenBlock | None:
         """A whole block from this node's cache only, or None if it is not cached (a peer's
         cached-only request: never the store, never another node). Not counted as a read of
         the dataset: it is a copy being filled, not a job reading, and counting it would keep
@@ -338,12 +338,14 @@ class BlockReader:
             self.metrics.peer_served += 1
         return block
 
-    async def _read_whole_cached(self, key: BlockKey) -> CheckedBlock | None:
-        block = self.cache.read_with_checksums(key, tier="ram")
+    async def _read_whole_cached(self, key: BlockKey) -> CheckedBlock | OpenBlock | None:
+        """A whole cached block for a peer: a RAM-tier block checked inline and handed over as
+        an open file to send from; another tier's read in a thread (it may wait for a disk)."""
+        block = self.cache.open_verified(key, tier="ram")
         if block is not None or self.cache.locate(key) is None:
             return block
         return await trio.to_thread.run_sync(
-            partial(self.cache.read_with_checksums, key), limiter=self._disk_limiter
+            partial(self.cache.open_verified, key), limiter=self._disk_limiter
         )
 
     async def _fetch(

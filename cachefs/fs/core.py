@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from cachefs.cache.base import CheckedBlock
+from cachefs.cache.base import CheckedBlock, OpenBlock
 from cachefs.errors import BadFileHandle, IsADirectory, NotADirectory, PathNotFound, ReadOnly
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
 from cachefs.fs.native_reads import (
@@ -323,7 +323,7 @@ class FileSystem:
         self._versions[dataset.slot << SLOT_SHIFT | entry.ino] = remembered
         return remembered
 
-    async def serve_peer_block(self, request: BlockRequest) -> CheckedBlock:
+    async def serve_peer_block(self, request: BlockRequest) -> CheckedBlock | OpenBlock:
         """A whole block another node asked this node for (the peer server's ``serve_block``),
         with its chunk checksums.
         The file must be the one our snapshot serves (same etag and size): otherwise

@@ -1,5 +1,6 @@
 """Peer block transport: a worker reads a block it lacks from the node that owns the shard.
 
-``server.create_peer_app`` is the owner's raw ASGI app, ``client.PeerClient`` the reader's side;
-``base`` holds what both agree on (the request, its wire encoding, the errors).
+``server.PeerServer`` is the owner's side, ``client.PeerClient`` the reader's; ``wire`` holds the
+protocol's bytes (handshake, request frames, answers), ``stream`` the socket plumbing both share,
+``base`` the request and the errors.
 """

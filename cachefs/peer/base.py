@@ -1,23 +1,12 @@
-"""What the peer server and client agree on: the block request, its wire form, the errors.
-
-The query encoding lives here, next to the request, so both sides cannot drift apart. Object keys
-may hold any character, including surrogate-escaped non-UTF-8 bytes that no URL encoding can
-carry, so the key travels as unpadded base64url of its raw bytes.
-"""
+"""What the peer server and client agree on: the block request and the errors (the bytes on
+the wire are in cachefs/peer/wire.py)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
 
 from cachefs.errors import CachefsError
 
-BLOCKS_PATH = "/v1/blocks"
-# A block's answer carries its chunk checksums (cache/base.py ``chunk_checksums``): the chunk
-# size in bytes (decimal), and each chunk's xxh3_64 as 16 hex digits, concatenated in order.
-CHUNK_SIZE_HEADER = b"x-cachefs-chunk-size"
-CHUNK_CHECKSUMS_HEADER = b"x-cachefs-chunk-checksums"
 MIN_BLOCK_SIZE = 4096
 MAX_BLOCK_SIZE = 64 << 20
 
@@ -77,43 +66,3 @@ class BlockRequest:
     def length(self) -> int:
         """Bytes in this block: a full block except for the object's last one."""
         return min(self.block_size, self.size - self.index * self.block_size)
-
-    def to_params(self) -> dict[str, str]:
-        """The query parameters of ``GET /v1/blocks``."""
-        raw_key = self.key.encode("utf-8", "surrogateescape")
-        params = {
-            "d": self.dataset,
-            "k": base64.urlsafe_b64encode(raw_key).rstrip(b"=").decode("ascii"),
-            "e": self.etag,
-            "s": str(self.size),
-            "i": str(self.index),
-            "b": str(self.block_size),
-        }
-        if self.cached_only:  # absent otherwise: the form older workers send and expect
-            params["c"] = "1"
-        return params
-
-    @classmethod
-    def from_params(cls, params: dict[str, str]) -> BlockRequest:
-        """Parse :meth:`to_params` output; ``ValueError`` with a short reason if malformed."""
-        try:
-            dataset, k, etag = params["d"], params["k"], params["e"]
-            size, index, block_size = (_natural(params[name]) for name in "sib")
-        except KeyError as err:
-            raise ValueError(f"missing parameter {err.args[0]!r}") from None
-        try:
-            raw_key = base64.b64decode(k + "=" * (-len(k) % 4), altchars=b"-_", validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError("k is not unpadded base64url") from None
-        key = raw_key.decode("utf-8", "surrogateescape")
-        cached_only = params.get("c", "0")
-        if cached_only not in ("0", "1"):
-            raise ValueError(f"c must be 0 or 1, not {cached_only[:30]!r}")
-        return cls(dataset, key, etag, size, index, block_size, cached_only == "1")
-
-
-def _natural(text: str) -> int:
-    """A non-negative decimal; stricter than ``int()``, which takes signs, spaces and ``_``."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 20:
-        raise ValueError(f"{text[:30]!r} is not a non-negative integer")
-    return int(text)

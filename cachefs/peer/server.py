@@ -1,168 +1,246 @@
-"""The owner's side of a peer read: a raw ASGI app serving blocks to other workers.
+"""The owner's side of a peer read: the block server other workers keep a connection open to.
 
-No framework: this is on the read path of every remote cache hit, and a block request needs only
-a path compare, a token compare and a query parse. Each response carries the block's chunk
-checksums as ``serve_block`` hands them over — for a cached block, those its index recorded at
-admission, never computed here over what was just read — so the reader checks the bytes end to
-end: against what this node admitted, whatever happened to them on its disk or on the wire. The
-server never sends a block of the wrong length. Concurrency is capped: past ``max_inflight`` the
-answer is an immediate 503, so an overloaded owner sheds readers (who then go to the store)
-instead of queueing them into timeouts.
+The protocol (cachefs/peer/wire.py) is binary and multiplexed: after a handshake that checks the
+bearer token once, a connection carries any number of block requests at once and each answer
+names the request it answers, so every request is served in its own task and answered as soon
+as its block is ready. A cached block is checked against the chunk checksums its index recorded
+at admission and then sent straight from its file with ``os.sendfile``; the answer carries
+those checksums, so the reader checks the bytes end to end — against what this node admitted,
+whatever happened to them on its disk or on the wire. The server never sends a block of the
+wrong length. Concurrency is capped: past ``max_inflight`` blocks being served the answer is an
+immediate "overloaded" (the reader then goes to the store) instead of a queue into timeouts.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import os
+import socket
+import struct
 from collections.abc import Awaitable, Callable
-from urllib.parse import parse_qsl
 
-from cachefs.cache.base import CHUNK_CHECKSUM_LEN, CHUNK_SIZE, CheckedBlock, chunk_count
+import trio
+
+from cachefs.cache.base import CHUNK_CHECKSUM_LEN, CHUNK_SIZE, CheckedBlock, OpenBlock, chunk_count
 from cachefs.errors import CachefsError
-from cachefs.peer.base import (
-    BLOCKS_PATH,
-    CHUNK_CHECKSUMS_HEADER,
-    CHUNK_SIZE_HEADER,
-    BlockRequest,
-    NotCached,
-)
+from cachefs.peer import wire
+from cachefs.peer.base import BlockRequest, NotCached
+from cachefs.peer.stream import ConnectionEnded, FrameReader, send_file
 
 log = logging.getLogger(__name__)
 
-HEALTH_PATH = "/v1/peer/health"
+ServeBlock = Callable[[BlockRequest], Awaitable[CheckedBlock | OpenBlock]]
 
-ServeBlock = Callable[[BlockRequest], Awaitable[CheckedBlock]]
+#: A client that has not finished its handshake after this long is dropped.
+HANDSHAKE_TIMEOUT_S = 10.0
+#: An answer the reader does not take within this long (a stopped reader) closes the connection,
+#: so one stuck peer never holds the answers of others, or this node's descriptors, for ever.
+SEND_TIMEOUT_S = 30.0
+DEFAULT_MAX_INFLIGHT = 64
 
 
-def create_peer_app(serve_block: ServeBlock, token: str, *, max_inflight: int = 64):
-    """Return the ASGI app answering ``GET /v1/blocks`` (bearer ``token``) and the health probe.
+class PeerServer:
+    """Serves blocks to other workers: ``await nursery.start(server.serve, listener)``."""
 
-    ``serve_block`` returns the whole block with its :data:`CHUNK_SIZE` chunk checksums (a
-    ``CheckedBlock``); it raises ``LookupError`` when this node does not
-    have the file (404), :class:`NotCached` when a cached-only request (``req.cached_only``)
-    finds the block not cached (404 "not cached"), and a ``CachefsError`` when it cannot get the
-    block (503, message as body).
-    """
-    if not token:
-        raise ValueError("the peer token must not be empty")
-    expected_auth = f"Bearer {token}".encode()
-    inflight = 0
+    def __init__(
+        self,
+        serve_block: ServeBlock,
+        token: str,
+        *,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
+        send_timeout_s: float = SEND_TIMEOUT_S,
+    ):
+        """``serve_block`` returns the whole block (an :class:`OpenBlock` to send from its file,
+        or a :class:`CheckedBlock` in memory), both with their :data:`CHUNK_SIZE` chunk
+        checksums; it raises ``LookupError`` when this node does not have the file (refused:
+        not this node's file), :class:`NotCached` when a cached-only request finds the block
+        not cached, and a ``CachefsError`` when it cannot get the block (refused: unavailable,
+        with the message)."""
+        if not token:
+            raise ValueError("the peer token must not be empty")
+        self._serve_block = serve_block
+        self._token = token.encode()
+        self._max_inflight = max_inflight
+        self._send_timeout_s = send_timeout_s
+        self.inflight = 0  # blocks being served now, over all connections
+        self.connections = 0  # open connections now
 
-    async def app(scope, receive, send) -> None:
-        nonlocal inflight
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            await send({"type": "websocket.close"})  # the only other scope type
-            return
-        if scope["method"] != "GET":
-            await _respond(send, 404, b"not found")
-            return
-        if scope["path"] == HEALTH_PATH:
-            await _respond(send, 200, b"ok")
-            return
-        if scope["path"] != BLOCKS_PATH:
-            await _respond(send, 404, b"not found")
-            return
-        auth = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        if not hmac.compare_digest(auth, expected_auth):
-            await _respond(send, 401, b"bad or missing peer token")
-            return
+    async def serve(self, listener: socket.socket, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Accept connections on ``listener`` (a bound TCP socket, handed over) until
+        cancelled."""
+        listener.listen(socket.SOMAXCONN)
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(listener))]
+        await trio.serve_listeners(self._connection, listeners, task_status=task_status)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        peer = _address(stream)
         try:
-            req = _parse(scope["query_string"])
-        except ValueError as err:
-            await _respond(send, 400, str(err).encode())
-            return
-        if inflight >= max_inflight:
-            await _respond(send, 503, b"too many concurrent peer reads")
-            return
-        inflight += 1
-        try:
-            status, body, chunk_sums = await _serve(serve_block, req)
+            async with stream:
+                reader = FrameReader(stream.socket)
+                with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                    welcomed = await self._handshake(stream, reader, peer)
+                if welcomed:
+                    await self._requests(stream, reader, peer)
+        except (ConnectionEnded, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the reader went away: its requests go with it
         finally:
-            inflight -= 1
-        if status != 200:
-            await _respond(send, status, body)
+            self.connections -= 1
+
+    async def _handshake(self, stream: trio.SocketStream, reader: FrameReader, peer: str) -> bool:
+        magic, version, token_len = wire.HELLO.unpack(await reader.exactly(wire.HELLO.size))
+        if magic != wire.MAGIC or token_len > wire.MAX_TOKEN_LEN:
+            log.warning("peer connection from %s: not the cachefs block protocol; closed", peer)
+            return False
+        token = await reader.exactly(token_len)
+        if version != wire.VERSION:
+            verdict = wire.HELLO_BAD_VERSION
+            log.warning(
+                "peer %s speaks block protocol version %d, this node speaks %d: refused (run "
+                "one cachefs version on every node)",
+                peer,
+                version,
+                wire.VERSION,
+            )
+        elif not hmac.compare_digest(token, self._token):
+            verdict = wire.HELLO_BAD_TOKEN
+            log.warning("peer connection from %s: wrong token; refused", peer)
+        else:
+            verdict = wire.HELLO_OK
+        await stream.send_all(wire.WELCOME.pack(wire.MAGIC, wire.VERSION, verdict))
+        return verdict == wire.HELLO_OK
+
+    async def _requests(self, stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
+        """Read requests until the reader closes; serve each in its own task."""
+        send_lock = trio.Lock()  # one answer at a time on the wire: head, checksums, block
+        async with trio.open_nursery() as answers:
+            try:
+                await self._read_requests(stream, reader, peer, send_lock, answers)
+            except (ConnectionEnded, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass  # the reader went away
+            answers.cancel_scope.cancel()  # nobody is left to read the answers
+
+    async def _read_requests(
+        self,
+        stream: trio.SocketStream,
+        reader: FrameReader,
+        peer: str,
+        send_lock: trio.Lock,
+        answers: trio.Nursery,
+    ) -> None:
+        while True:
+            head = await reader.exactly(wire.REQUEST.size)
+            try:
+                names = await reader.exactly(wire.request_names_length(head))
+            except ValueError as err:  # no way to find the next frame: hang up
+                log.warning("peer %s sent a malformed request (%s); closed", peer, err)
+                return
+            try:
+                request_id, request = wire.decode_request(head, names)
+            except ValueError as err:
+                (request_id,) = struct.unpack_from("!I", head)
+                refusal = wire.encode_refusal(request_id, wire.BAD_REQUEST, str(err))
+                answers.start_soon(self._send, stream, send_lock, refusal, None)
+                continue
+            if self.inflight >= self._max_inflight:
+                refusal = wire.encode_refusal(request_id, wire.OVERLOADED)
+                answers.start_soon(self._send, stream, send_lock, refusal, None)
+                continue
+            self.inflight += 1
+            answers.start_soon(self._answer, stream, send_lock, request_id, request)
+
+    async def _answer(
+        self, stream: trio.SocketStream, send_lock: trio.Lock, request_id: int, req: BlockRequest
+    ) -> None:
+        try:
+            block = await self._block(request_id, req)
+        finally:
+            self.inflight -= 1
+        if isinstance(block, bytes):  # a refusal
+            await self._send(stream, send_lock, block, None)
             return
-        checksum_headers = [
-            (CHUNK_SIZE_HEADER, str(CHUNK_SIZE).encode()),
-            (CHUNK_CHECKSUMS_HEADER, chunk_sums.hex().encode()),
-        ]
-        await _respond(send, 200, body, b"application/octet-stream", checksum_headers)
+        try:
+            await self._send(
+                stream,
+                send_lock,
+                wire.encode_answer(
+                    request_id, wire.OK, CHUNK_SIZE, block.chunk_checksums, req.length
+                ),
+                block,
+            )
+        finally:
+            if isinstance(block, OpenBlock):
+                os.close(block.fd)
 
-    return app
+    async def _block(self, request_id: int, req: BlockRequest) -> CheckedBlock | OpenBlock | bytes:
+        """The block to send, or the encoded refusal."""
+        try:
+            block = await self._serve_block(req)
+        except NotCached:
+            return wire.encode_refusal(request_id, wire.NOT_CACHED)
+        except LookupError:
+            return wire.encode_refusal(request_id, wire.NOT_THIS_NODES_FILE)
+        except CachefsError as err:
+            return wire.encode_refusal(request_id, wire.UNAVAILABLE, str(err))
+        except Exception:
+            log.exception(
+                "serving peer block %d of %r in %r failed", req.index, req.key, req.dataset
+            )
+            return wire.encode_refusal(request_id, wire.INTERNAL_ERROR)
+        size = block.size if isinstance(block, OpenBlock) else len(block.data)
+        if (
+            size != req.length
+            or len(block.chunk_checksums) != chunk_count(req.length) * CHUNK_CHECKSUM_LEN
+        ):
+            log.error(
+                "peer block %d of %r in %r has %d bytes and %d bytes of checksums, expected %d "
+                "and %d: not sent",
+                req.index,
+                req.key,
+                req.dataset,
+                size,
+                len(block.chunk_checksums),
+                req.length,
+                chunk_count(req.length) * CHUNK_CHECKSUM_LEN,
+            )
+            if isinstance(block, OpenBlock):
+                os.close(block.fd)
+            return wire.encode_refusal(
+                request_id, wire.INTERNAL_ERROR, "internal error: wrong block length"
+            )
+        return block
+
+    async def _send(
+        self,
+        stream: trio.SocketStream,
+        send_lock: trio.Lock,
+        head: bytes,
+        block: CheckedBlock | OpenBlock | None,
+    ) -> None:
+        """One whole answer, or the connection closed: a half-sent answer cannot be taken
+        back, and a reader that takes nothing for SEND_TIMEOUT_S is gone."""
+        with trio.move_on_after(self._send_timeout_s) as deadline:
+            try:
+                async with send_lock:
+                    await stream.send_all(head)
+                    if isinstance(block, OpenBlock):
+                        await send_file(stream.socket, block.fd, block.size)
+                    elif block is not None:
+                        await stream.send_all(block.data)
+                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        if deadline.cancelled_caught:
+            log.warning(
+                "peer %s took no answer for %.0f s; closed", _address(stream), self._send_timeout_s
+            )
+        await stream.aclose()
 
 
-def _parse(query_string: bytes) -> BlockRequest:
-    """The request in the query; ``ValueError`` with a short reason if it is malformed."""
+def _address(stream: trio.SocketStream) -> str:
     try:
-        pairs = parse_qsl(
-            query_string.decode("ascii"),
-            keep_blank_values=True,  # an etag (or key) may be empty
-            strict_parsing=True,
-            errors="strict",
-        )
-    except UnicodeError:
-        raise ValueError("query is not valid percent-encoded UTF-8") from None
-    return BlockRequest.from_params(dict(pairs))
-
-
-async def _serve(serve_block: ServeBlock, req: BlockRequest) -> tuple[int, bytes, bytes]:
-    """Status, body and chunk checksums for one block: the block itself, or a short error text
-    (and no checksums)."""
-    try:
-        data, chunk_sums = await serve_block(req)
-    except NotCached:
-        return 404, b"not cached", b""
-    except LookupError:
-        return 404, b"not this node's file", b""
-    except CachefsError as err:
-        return 503, str(err).encode("utf-8", "backslashreplace"), b""
-    except Exception:
-        log.exception("serving peer block %d of %r in %r failed", req.index, req.key, req.dataset)
-        return 500, b"internal error", b""
-    expected_sums = chunk_count(req.length) * CHUNK_CHECKSUM_LEN
-    if len(data) != req.length or len(chunk_sums) != expected_sums:
-        log.error(
-            "peer block %d of %r in %r has %d bytes and %d bytes of checksums, expected %d "
-            "and %d: not sent",
-            req.index,
-            req.key,
-            req.dataset,
-            len(data),
-            len(chunk_sums),
-            req.length,
-            expected_sums,
-        )
-        return 500, b"internal error: wrong block length", b""
-    return 200, data, chunk_sums
-
-
-TEXT = b"text/plain; charset=utf-8"
-
-
-async def _respond(send, status: int, body: bytes, content_type=TEXT, extra=()) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(body)).encode()),
-                *extra,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _lifespan(receive, send) -> None:
-    """Acknowledge startup and shutdown: the app holds no resources of its own."""
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "(gone)"
+    return f"{host}:{port}"

@@ -3,7 +3,7 @@ source, and the background :class:`Filler`.
 
 Every node is made of the real parts a worker runs (minus FUSE): a TieredBlockCache, a
 snapshot built from a local store, a BlockReader with a PeerClient and its Membership, and a
-FileSystem whose ``serve_peer_block`` is served by hypercorn on its own 127.0.0.x address. Each
+FileSystem whose ``serve_peer_block`` is served by a PeerServer on its own 127.0.0.x address. Each
 node's store is wrapped (below SEAM A) only to count GETs: a cached-only request must never
 reach a store.
 
@@ -31,11 +31,10 @@ from cachefs.fs.core import FileSystem, MountedDataset
 from cachefs.meta import Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.peer.base import BlockRequest, PeerRefused
-from cachefs.peer.client import PeerClient
-from cachefs.peer.server import create_peer_app
+from cachefs.peer.client import PeerClient, open_peer_client
 from cachefs.protocol import owner_table
 from cachefs.store import StoreConfig, open_store
-from tests.fakes.wrappers import CountingStore, served
+from tests.fakes.wrappers import CountingStore, served_peer
 from tests.waiting import WAIT_S
 
 BLOCK = 16 * 1024
@@ -146,8 +145,7 @@ async def world(tmp_path) -> AsyncIterator[World]:
                 str(root / "index"), [TierConfig("ram", str(root / "ram"), 64 << 20)]
             )
             stack.callback(cache.close)
-            peers = PeerClient(TOKEN)
-            stack.push_async_callback(peers.aclose)
+            peers = await stack.enter_async_context(open_peer_client(TOKEN))
             metrics = WorkerMetrics()
             membership = Membership(name)
             reader = BlockReader(cache, metrics, peers=peers, route=membership)
@@ -159,8 +157,9 @@ async def world(tmp_path) -> AsyncIterator[World]:
             node = Node(
                 name, cache, store, snapshot, source, reader, fs, membership, peers, metrics
             )
-            app = create_peer_app(fs.serve_peer_block, TOKEN)
-            node.address = await stack.enter_async_context(served(app, f"127.0.0.{i + 1}"))
+            node.address = await stack.enter_async_context(
+                served_peer(fs.serve_peer_block, f"127.0.0.{i + 1}", token=TOKEN)
+            )
             nodes[name] = node
         yield World(files, nodes)
 
@@ -401,7 +400,7 @@ async def test_blocks_that_failed_to_copy_are_tried_again(world):
 
     table = owner_table(DATASET, ["n1", "n2"])
     node_of = {key: world.nodes[table[shard_of(key)]] for key in world.files}
-    async with served(create_peer_app(flaky, TOKEN), "127.0.0.6") as flaky_address:
+    async with served_peer(flaky, "127.0.0.6", token=TOKEN) as flaky_address:
         n1.address = n2.address = flaky_address
         world.apply(world.view(CLONE, CLONE_FILL))
         filler = Filler(n3, n3.cache, n3.peers, n3.membership, n3.metrics, concurrency=8)
@@ -435,7 +434,7 @@ async def test_blocks_that_never_copy_are_reported_per_shard(world, monkeypatch)
             raise RuntimeError("injected: the source fails this file")  # a 500
         return await node_of[req.key].fs.serve_peer_block(req)
 
-    async with served(create_peer_app(broken_file, TOKEN), "127.0.0.6") as address:
+    async with served_peer(broken_file, "127.0.0.6", token=TOKEN) as address:
         n1.address = n2.address = address
         world.apply(world.view(CLONE, CLONE_FILL))
         filler = Filler(n3, n3.cache, n3.peers, n3.membership, n3.metrics, concurrency=8)
@@ -462,7 +461,7 @@ async def test_a_fill_removed_from_the_view_is_cancelled(world):
         await gate.wait()
         return await n1.fs.serve_peer_block(req)
 
-    async with served(create_peer_app(gated, TOKEN), "127.0.0.5") as slow_address:
+    async with served_peer(gated, "127.0.0.5", token=TOKEN) as slow_address:
         n1.address = slow_address  # the fill's requests to n1 now wait at the gate
         world.apply(world.view(CLONE, CLONE_FILL))
         filler = Filler(n3, n3.cache, n3.peers, n3.membership, n3.metrics, concurrency=4)

@@ -50,3 +50,21 @@ async def served(app, host: str = "127.0.0.1") -> AsyncIterator[str]:
         )
         yield binds[0].removeprefix("http://")
         nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def served_peer(serve_block, host: str = "127.0.0.1", **kwargs) -> AsyncIterator[str]:
+    """A real PeerServer (the worker's block server) for ``serve_block`` on a free port of
+    ``host``; yield "host:port"."""
+    import socket
+
+    from cachefs.peer.server import PeerServer
+
+    server = PeerServer(serve_block, kwargs.pop("token", "s3cret-token"), **kwargs)
+    sock = socket.socket()
+    sock.bind((host, 0))
+    address = f"{host}:{sock.getsockname()[1]}"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve, sock)
+        yield address
+        nursery.cancel_scope.cancel()
