@@ -475,7 +475,8 @@ def delay_passes(
             worker.check_alive()
         row = pass_row(name, path, delay_ms, readers, done, Observer.delta(before, after), busy)
         rows.append(row)
-        print("  " + one_line(row), file=sys.stderr)
+        versus = _vs_direct(row, rows)
+        print("  " + one_line(row) + (f"  = {versus} direct" if versus else ""), file=sys.stderr)
         return row
 
     def cold() -> None:
@@ -564,10 +565,9 @@ def exact_command() -> str:
 
 
 def find(passes: Sequence[dict], name: str, path: str, delay_ms: float) -> dict | None:
-    return next(
-        (p for p in passes if (p["pass"], p["path"], p["delay_ms"]) == (name, path, delay_ms)),
-        None,
-    )
+    """The pass of that name, path and delay (the fastest, while repeats are not yet merged)."""
+    matches = [p for p in passes if (p["pass"], p["path"], p["delay_ms"]) == (name, path, delay_ms)]
+    return min(matches, key=lambda p: p["seconds"], default=None)
 
 
 def evaluate(passes: Sequence[dict]) -> list[dict]:

@@ -73,7 +73,7 @@ def test_percentiles_are_nearest_rank():
 
 
 def _row(name, path, delay, **numbers):
-    return {"pass": name, "path": path, "delay_ms": delay, "readers": 1, **numbers}
+    return {"pass": name, "path": path, "delay_ms": delay, "readers": 1, "seconds": 1.0, **numbers}
 
 
 def test_targets_compare_the_mount_with_direct_reads_at_each_delay():
