@@ -14,11 +14,11 @@ each answer to the thread waiting for it. An answer says how many of the request
 store answered "slow down" (the adaptive limit's signal), and the bytes follow it raw
 (``send_bytes``: not pickled).
 
-S3 sources are read through the lean bulk-GET client (:class:`cachefs.store.s3_bulk.S3BulkReader`:
-botocore's SigV4 signer over pooled keep-alive connections, a fraction of boto3's client CPU per
-GET) unless ``lean_s3=False`` (:data:`LEAN_S3_GETS`) or the source's configuration needs boto3
-(:class:`~cachefs.store.s3_bulk.BulkClientUnsupported`: then S3Store, logged once). OSS and
-local sources use their usual store clients.
+S3 sources are read through S3Store, whose GETs use the lean bulk-GET client
+(:class:`cachefs.store.s3_bulk.S3BulkReader`: botocore's SigV4 signer over pooled keep-alive
+connections, a fraction of boto3's client CPU per GET) unless ``lean_s3=False`` or the source's
+configuration needs boto3 (then botocore, logged once). OSS and local sources use their usual
+store clients.
 
 The processes are started with ``forkserver``: forking the worker itself (threads, a FUSE
 session) would copy locks held by other threads. ``processes=0`` fetches in the calling thread
@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from cachefs.errors import CachefsError, StoreError
-from cachefs.store import StoreConfig, open_store, parse_uri
+from cachefs.store import StoreConfig, open_store
 from cachefs.store.concurrency import PRELOAD_BOUNDS, throttled_tries
+from cachefs.store.s3 import LEAN_GETS, parse_uri
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ log = logging.getLogger(__name__)
 FETCHER_THREADS = PRELOAD_BOUNDS.ceiling
 
 #: Whether fetchers read S3 sources with the lean bulk-GET client (cachefs/store/s3_bulk.py)
-#: rather than boto3 (S3Store). The one default; ``FetcherPool(lean_s3=...)`` overrides it.
-LEAN_S3_GETS = True
+#: rather than boto3: the store's own default; ``FetcherPool(lean_s3=...)`` overrides it.
+LEAN_S3_GETS = LEAN_GETS
 
 # Per process: one store client per dataset source (and client kind).
 _stores: dict[tuple[StoreConfig, bool], object] = {}
@@ -90,17 +91,15 @@ def _store(config: StoreConfig, lean_s3: bool):
 
 
 def _open(config: StoreConfig, lean_s3: bool):
-    """The client a fetcher reads ``config``'s source with: for S3 (``lean_s3``), the lean
-    bulk-GET client, or S3Store where it cannot handle the configuration (the reasons are in
-    cachefs/store/s3_bulk.py, ``_refuse_unsupported``: a proxy, a signing other than SigV4
-    for "s3", an unusual URL); anything else, its usual store."""
-    if lean_s3 and parse_uri(config.uri).scheme == "s3":
-        from cachefs.store.s3_bulk import BulkClientUnsupported, S3BulkReader
+    """The client a fetcher reads ``config``'s source with: its usual store, whose S3 GETs go
+    through the lean bulk-GET client (cachefs/store/s3.py ``LEAN_GETS``) unless ``lean_s3`` is
+    off (benchmarks compare both) or the client cannot handle the configuration (the reasons
+    are in cachefs/store/s3_bulk.py, ``_refuse_unsupported``: a proxy, a signing other than
+    SigV4 for "s3", an unusual URL)."""
+    if parse_uri(config.uri).scheme == "s3":
+        from cachefs.store.s3 import S3Store
 
-        try:
-            return S3BulkReader(config)
-        except BulkClientUnsupported as why:
-            log.info("fetching %s with boto3: %s", config.uri, why)
+        return S3Store(config, lean_gets=lean_s3)
     return open_store(config)
 
 

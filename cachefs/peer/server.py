@@ -50,6 +50,7 @@ class PeerServer:
         *,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
         send_timeout_s: float = SEND_TIMEOUT_S,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
     ):
         """``serve_block`` returns the whole block (an :class:`OpenBlock` to send from its file,
         or a :class:`CheckedBlock` in memory), both with their :data:`CHUNK_SIZE` chunk
@@ -63,6 +64,7 @@ class PeerServer:
         self._token = token.encode()
         self._max_inflight = max_inflight
         self._send_timeout_s = send_timeout_s
+        self._handshake_timeout_s = handshake_timeout_s
         self.inflight = 0  # blocks being served now, over all connections
         self.connections = 0  # open connections now
 
@@ -79,7 +81,8 @@ class PeerServer:
         try:
             async with stream:
                 reader = FrameReader(stream.socket)
-                with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                welcomed = False  # also when the handshake does not finish in time
+                with trio.move_on_after(self._handshake_timeout_s):
                     welcomed = await self._handshake(stream, reader, peer)
                 if welcomed:
                     await self._requests(stream, reader, peer)

@@ -20,7 +20,9 @@ AWS_SECRET_ACCESS_KEY, ~/.aws, container and instance roles).
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -62,6 +64,13 @@ POOL_CONNECTIONS = ATTEMPT_THREADS
 LIST_POOL_CONNECTIONS = 2
 #: S3's own maximum page size for ListObjectsV2.
 MAX_PAGE_SIZE = 1000
+#: Ranged GETs go through the lean client (cachefs/store/s3_bulk.py: botocore's signer over a
+#: pooled urllib3 connection, half or less of boto3's CPU per GET) wherever it can handle the
+#: source's configuration; HEAD and LIST stay on botocore. The one default; ``S3Store(...,
+#: lean_gets=False)`` overrides it (benchmarks compare both).
+LEAN_GETS = True
+
+log = logging.getLogger(__name__)
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -95,13 +104,18 @@ _AUTH_CODES = frozenset(
 )
 
 
+_NOT_OPENED = object()  # S3Store._lean before the first GET
+
+
 class S3Store:
     """An :class:`~cachefs.store.base.ObjectStore` for ``s3://bucket/prefix`` URIs.
 
     ``page_size`` (1..1000) is the ListObjectsV2 page size; only tests need to change it.
     """
 
-    def __init__(self, config: StoreConfig, *, page_size: int = MAX_PAGE_SIZE):
+    def __init__(
+        self, config: StoreConfig, *, page_size: int = MAX_PAGE_SIZE, lean_gets: bool = LEAN_GETS
+    ):
         source = parse_uri(config.uri)
         if source.scheme != "s3":
             raise ConfigError(f"S3Store cannot open {config.uri!r}: it is not an s3:// URI")
@@ -119,6 +133,9 @@ class S3Store:
             "connect", "", lambda: make_client(config, endpoint, listing=True)
         )
         self._reads = HedgedReads(self._retry, name="cachefs-s3-read")
+        self._config = config
+        self._lean: Any = _NOT_OPENED if lean_gets else None  # S3BulkReader, or None: boto3
+        self._lean_lock = threading.Lock()
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         request: dict[str, Any] = {
@@ -167,6 +184,9 @@ class S3Store:
     def get_range(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
         if length == 0:
             return b""
+        lean = self._lean_reader()
+        if lean is not None:
+            return lean.get_range(key, offset, length, etag=etag)
         request = {
             "Bucket": self._bucket,
             "Key": self._prefix + key,
@@ -190,17 +210,41 @@ class S3Store:
     @property
     def throttled_tries(self) -> int:
         """Tries of reads the store answered "slow down" so far (the adaptive limits' signal)."""
-        return self._reads.throttled_tries
+        lean = self._lean if self._lean is not _NOT_OPENED else None
+        return self._reads.throttled_tries + (lean.throttled_tries if lean else 0)
 
     @property
     def tries_in_flight(self) -> int:
         """Tries of reads not ended yet, abandoned ones included (they end by their timeouts)."""
-        return self._reads.in_flight
+        lean = self._lean if self._lean is not _NOT_OPENED else None
+        return self._reads.in_flight + (lean.tries_in_flight if lean else 0)
 
     def close(self) -> None:
+        with self._lean_lock:
+            lean, self._lean = self._lean, None
+        if lean is not None and lean is not _NOT_OPENED:
+            lean.close()
         self._reads.close()
         self._client.close()
         self._list_client.close()
+
+    def _lean_reader(self) -> Any:
+        """The lean GET client, opened on first use; None where it cannot serve this source
+        (cachefs/store/s3_bulk.py ``_refuse_unsupported`` says when; logged once) or when
+        switched off. Opening it signs one request locally (no I/O); a configuration error
+        (no credentials) raises the same one-line error botocore's path would."""
+        if self._lean is not _NOT_OPENED:
+            return self._lean
+        from cachefs.store.s3_bulk import BulkClientUnsupported, S3BulkReader  # imports us
+
+        with self._lean_lock:
+            if self._lean is _NOT_OPENED:
+                try:
+                    self._lean = S3BulkReader(self._config)
+                except BulkClientUnsupported as why:
+                    log.info("reading %s with boto3: %s", self.description, why)
+                    self._lean = None
+            return self._lean
 
     # --- internals --------------------------------------------------------------------------
 

@@ -228,6 +228,17 @@ async def test_wrong_token_and_other_versions_are_refused_with_a_clear_line(capl
     )
 
 
+async def test_a_client_that_never_finishes_its_handshake_is_dropped():
+    owner = FakeOwner({"obj": b"x" * 5000})
+    async with served(owner.serve_block, handshake_timeout_s=0.2) as address:
+        host, port = address.split(":")
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(wire.HELLO.pack(wire.MAGIC, wire.VERSION, len(TOKEN)))
+            assert await stream.receive_some() == b""  # closed, without a verdict
+        await wait_until(lambda: served.server.connections == 0, "the connection to go")
+
+
 async def test_an_impossible_request_is_refused_and_the_connection_lives_on():
     """The server answers a request whose fields make no block (here: past the object's end)
     and goes on serving the connection."""

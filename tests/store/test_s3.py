@@ -23,6 +23,7 @@ from cachefs.errors import (
 )
 from cachefs.store.base import RetryPolicy, StoreConfig
 from cachefs.store.s3 import S3Store
+from cachefs.store.s3_bulk import USER_AGENT as S3_BULK_USER_AGENT
 from tests.fakes.moto import free_port
 
 # Quick retries so that the retry tests take milliseconds, and a deadline far beyond them.
@@ -36,6 +37,7 @@ BIG_OBJECT = bytes(range(256)) * 1031  # 263,936 bytes, every offset distinguish
 
 def make_store(endpoint: str, uri: str, **overrides) -> S3Store:
     page_size = overrides.pop("page_size", 1000)
+    lean_gets = overrides.pop("lean_gets", True)
     config = StoreConfig(
         uri=uri,
         endpoint=endpoint,
@@ -43,7 +45,13 @@ def make_store(endpoint: str, uri: str, **overrides) -> S3Store:
         retry=overrides.pop("retry", FAST_RETRY),
         **overrides,
     )
-    return S3Store(config, page_size=page_size)
+    return S3Store(config, page_size=page_size, lean_gets=lean_gets)
+
+
+@pytest.fixture(params=[True, False], ids=["lean-gets", "boto3-gets"])
+def lean_gets(request) -> bool:
+    """GETs through the lean client (the default) and through botocore: both must behave."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +136,10 @@ def test_get_range_with_the_current_etag_succeeds(store):
     assert store.get_range("small.txt", 0, 2, etag=etag) == b"he"
 
 
-def test_get_range_of_a_changed_object_raises_object_changed(moto_s3):
+def test_get_range_of_a_changed_object_raises_object_changed(moto_s3, lean_gets):
     bucket = moto_s3.make_bucket()
     old_etag = moto_s3.put(bucket, "ds/f", b"version one")
-    store = make_store(moto_s3.endpoint, f"s3://{bucket}/ds")
+    store = make_store(moto_s3.endpoint, f"s3://{bucket}/ds", lean_gets=lean_gets)
     moto_s3.put(bucket, "ds/f", b"version two")
 
     with pytest.raises(ObjectChanged) as caught:
@@ -158,8 +166,8 @@ def test_missing_bucket_raises_bucket_not_found(moto_s3):
     assert "no-such-bucket-here" in message and moto_s3.endpoint in message
 
 
-def test_transient_503s_are_retried_until_success(fault_proxy, bucket):
-    store = make_store(fault_proxy.url, f"s3://{bucket}/data")
+def test_transient_503s_are_retried_until_success(fault_proxy, bucket, lean_gets):
+    store = make_store(fault_proxy.url, f"s3://{bucket}/data", lean_gets=lean_gets)
     fault_proxy.fail_next(2, status=503)  # SlowDown, SlowDown, then the real answer
 
     assert store.get_range("small.txt", 0, 5) == b"hello"
@@ -181,7 +189,9 @@ def test_listing_pages_are_retried_individually(fault_proxy, moto_s3):
     assert fault_proxy.count("GET") == 4  # 3 pages + 1 failed try
 
 
-def test_503_forever_gives_up_at_the_deadline_with_store_unavailable(fault_proxy, bucket):
+def test_503_forever_gives_up_at_the_deadline_with_store_unavailable(
+    fault_proxy, bucket, lean_gets
+):
     # Many attempts allowed, but a short deadline: the deadline must be what stops it. (Seconds
     # for a loaded machine to make two tries; a try is hedged only if silent for 5 s.)
     retry = RetryPolicy(
@@ -191,7 +201,7 @@ def test_503_forever_gives_up_at_the_deadline_with_store_unavailable(fault_proxy
         deadline_s=10.0,
         first_byte_timeout_s=60.0,
     )
-    store = make_store(fault_proxy.url, f"s3://{bucket}/data", retry=retry)
+    store = make_store(fault_proxy.url, f"s3://{bucket}/data", lean_gets=lean_gets, retry=retry)
     fault_proxy.fail_matching("small.txt", status=503, code="ServiceUnavailable")
 
     with pytest.raises(StoreUnavailable) as caught:
@@ -215,32 +225,32 @@ def test_connection_refused_is_store_unavailable_after_the_attempts(bucket):
     assert f"after {FAST_RETRY.attempts} tries" in str(caught.value)
 
 
-def test_connection_reset_is_retried(fault_proxy, bucket):
-    store = make_store(fault_proxy.url, f"s3://{bucket}/data")
+def test_connection_reset_is_retried(fault_proxy, bucket, lean_gets):
+    store = make_store(fault_proxy.url, f"s3://{bucket}/data", lean_gets=lean_gets)
     fault_proxy.reset_next(2)
 
     assert store.get_range("big.bin", 10, 100) == BIG_OBJECT[10:110]
     assert fault_proxy.count("GET") == 3
 
 
-def test_a_body_cut_short_is_retried(fault_proxy, bucket):
-    store = make_store(fault_proxy.url, f"s3://{bucket}/data")
+def test_a_body_cut_short_is_retried(fault_proxy, bucket, lean_gets):
+    store = make_store(fault_proxy.url, f"s3://{bucket}/data", lean_gets=lean_gets)
     fault_proxy.truncate_next(1, keep_bytes=1000)
 
     assert store.get_range("big.bin", 0, 200_000) == BIG_OBJECT[:200_000]
     assert fault_proxy.count("GET") == 2
 
 
-def test_a_body_always_cut_short_is_an_io_error_never_short_data(fault_proxy, bucket):
-    store = make_store(fault_proxy.url, f"s3://{bucket}/data")
+def test_a_body_always_cut_short_is_an_io_error_never_short_data(fault_proxy, bucket, lean_gets):
+    store = make_store(fault_proxy.url, f"s3://{bucket}/data", lean_gets=lean_gets)
     fault_proxy.truncate_next(FAST_RETRY.attempts, keep_bytes=1000)
 
     with pytest.raises(StoreIOError):
         store.get_range("big.bin", 0, 200_000)
 
 
-def test_a_store_ignoring_the_range_header_is_an_io_error_at_once(fault_proxy, bucket):
-    store = make_store(fault_proxy.url, f"s3://{bucket}/data")
+def test_a_store_ignoring_the_range_header_is_an_io_error_at_once(fault_proxy, bucket, lean_gets):
+    store = make_store(fault_proxy.url, f"s3://{bucket}/data", lean_gets=lean_gets)
     fault_proxy.ignore_range_next(1)
 
     with pytest.raises(StoreIOError, match="ignore the Range header"):
@@ -248,10 +258,11 @@ def test_a_store_ignoring_the_range_header_is_an_io_error_at_once(fault_proxy, b
     assert fault_proxy.count("GET") == 1  # not retried: another try would not do better
 
 
-def test_a_hung_store_times_out_as_store_unavailable(fault_proxy, bucket):
+def test_a_hung_store_times_out_as_store_unavailable(fault_proxy, bucket, lean_gets):
     store = make_store(
         fault_proxy.url,
         f"s3://{bucket}/data",
+        lean_gets=lean_gets,
         retry=RetryPolicy(attempts=2, base_delay_s=0.01, first_byte_timeout_s=0.3),
     )
     fault_proxy.blackhole(method="GET")
@@ -260,8 +271,8 @@ def test_a_hung_store_times_out_as_store_unavailable(fault_proxy, bucket):
         store.get_range("small.txt", 0, 5)
 
 
-def test_a_stopped_then_restarted_store_is_used_again(fault_proxy, bucket):
-    store = make_store(fault_proxy.url, f"s3://{bucket}/data")
+def test_a_stopped_then_restarted_store_is_used_again(fault_proxy, bucket, lean_gets):
+    store = make_store(fault_proxy.url, f"s3://{bucket}/data", lean_gets=lean_gets)
     assert store.get_range("small.txt", 0, 5) == b"hello"  # leaves a kept-alive connection
 
     fault_proxy.stop()
@@ -278,3 +289,17 @@ def test_the_store_is_safe_to_share_between_threads(store):
         results = list(pool.map(lambda r: store.get_range("big.bin", *r), ranges))
 
     assert results == [BIG_OBJECT[off : off + n] for off, n in ranges]
+
+
+def test_gets_go_through_the_lean_client_by_default_and_the_rest_through_botocore(
+    fault_proxy, bucket
+):
+    store = make_store(fault_proxy.url, f"s3://{bucket}/data")
+    assert store.get_range("small.txt", 0, 5) == b"hello"
+    store.head("small.txt")
+    assert fault_proxy.user_agents("GET", path_contains="small.txt") == {S3_BULK_USER_AGENT}
+    head_agents = fault_proxy.user_agents("HEAD", path_contains="small.txt")
+    assert head_agents and S3_BULK_USER_AGENT not in head_agents
+    switched_off = make_store(fault_proxy.url, f"s3://{bucket}/data", lean_gets=False)
+    assert switched_off.get_range("small.txt", 1, 3) == b"ell"
+    assert len(fault_proxy.user_agents("GET", path_contains="small.txt")) == 2

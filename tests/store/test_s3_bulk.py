@@ -63,9 +63,9 @@ def bucket(moto_s3):
 
 @pytest.fixture
 def both(moto_s3, bucket):
-    """The lean reader and S3Store for the same dataset, straight to moto."""
+    """The lean reader and S3Store's botocore path for the same dataset, straight to moto."""
     config = config_for(moto_s3.endpoint, bucket)
-    reader, store = S3BulkReader(config), S3Store(config)
+    reader, store = S3BulkReader(config), S3Store(config, lean_gets=False)
     yield reader, store
     reader.close()
     store.close()
@@ -131,7 +131,7 @@ def test_slowdown_503s_are_retried_counted_and_then_succeed(fault_proxy, bucket)
 
 def test_slowdown_every_time_gives_up_as_store_throttled_like_s3store(fault_proxy, bucket):
     config = config_for(fault_proxy.url, bucket, retry=NO_RETRY)
-    reader, store = S3BulkReader(config), S3Store(config)
+    reader, store = S3BulkReader(config), S3Store(config, lean_gets=False)
     try:
         fault_proxy.fail_next(2, status=503, path_contains="big.bin")
         lean = failure(lambda: reader.get_range("big.bin", 0, 1))
@@ -225,7 +225,7 @@ def test_rejected_credentials_give_s3stores_line_without_the_secret(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", access_key or key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", WRONG_SECRET)
     config = config_for(server.endpoint, bucket, retry=NO_RETRY)
-    reader, store = S3BulkReader(config), S3Store(config)
+    reader, store = S3BulkReader(config), S3Store(config, lean_gets=False)
     try:
         lean = failure(lambda: reader.get_range("file.txt", 0, 5))
         sdk = failure(lambda: store.get_range("file.txt", 0, 5))
@@ -245,7 +245,7 @@ def test_no_credentials_at_all_give_s3stores_line(auth_server, monkeypatch):
     config = config_for(server.endpoint, bucket, retry=NO_RETRY)
     # The lean reader signs a probe when it opens, so it says it then; S3Store at its first GET.
     lean = failure(lambda: S3BulkReader(config))
-    store = S3Store(config)
+    store = S3Store(config, lean_gets=False)
     try:
         sdk = failure(lambda: store.get_range("file.txt", 0, 5))
     finally:
