@@ -6,8 +6,12 @@ One run, all real processes on loopback (needs root: FUSE mounts and drop_caches
 
 1. An ImageNet-like tree (bench/datagen.py) is uploaded to a moto S3 server the bench starts.
 2. ``backend_raw_get``: boto3 GETs of every object from ``nodes × preload-processes`` processes
-   (``--raw-get-threads`` threads each; 1 by default): the in-flight GET count of the preload,
-   whose fetcher processes run one GET at a time each. GET/s and MB/s.
+   (``--raw-get-threads`` threads each; 1 by default). GET/s and MB/s. This was the preload's
+   in-flight GET count while its fetcher processes ran one GET at a time each; they now run
+   many, under an adaptive limit of up to 64 per node (cachefs/store/concurrency.py), so the
+   ratio below compares the preload with the raw rate at ``nodes × preload-processes ×
+   raw-get-threads`` in flight: raise ``--raw-get-threads`` to compare at more. (moto, the
+   store here, serves ~200 GETs/s at any concurrency on 2 cores: bench/store_ceiling.py.)
 3. A coordinator and ``--nodes`` workers (n1 on 127.0.0.2, n2 on 127.0.0.3, ...), the dataset
    added through the coordinator, then ``preload`` of 100 % of it, timed from the request to the
    coordinator reporting the job completed: objects/s, MB/s, and the ratio preload / raw GET
