@@ -47,9 +47,8 @@ from cachefs.store.base import ObjectInfo, StoreConfig
 from cachefs.store.retry import (
     Attempt,
     HedgedReads,
+    RetriedStore,
     ShortBody,
-    call_with_retries,
-    check_body_length,
     is_throttling,
     network_failure_cause,
 )
@@ -71,7 +70,7 @@ _AUTH_CODES = frozenset(
 _CHANGED = "the object changed in the store since the dataset snapshot (refresh the dataset)"
 
 
-class OSSStore:
+class OSSStore(RetriedStore):
     """An :class:`~cachefs.store.base.ObjectStore` for ``oss://bucket/prefix`` URIs.
 
     The endpoint comes from ``config.endpoint``, or from ``config.region`` as
@@ -165,29 +164,12 @@ class OSSStore:
             headers["If-Match"] = f'"{etag}"'
         byte_range = (offset, offset + length - 1)
 
-        def get_once(attempt: Attempt) -> bytes:
-            body = self._attempt(
-                key, lambda: self._get_body(key, byte_range, headers, etag, length, attempt)
-            )
-            return check_body_length(
-                body, length, key=key, store=self.description, dataset=self._dataset
-            )
-
-        return self._reads.call(
-            get_once,
-            what=f"GET {key!r} bytes {offset}+{length}",
-            stalled=lambda cause: self._error(StoreUnavailable, cause, key),
+        return self._hedged_read(
+            key,
+            offset,
+            length,
+            lambda attempt: self._get_body(key, byte_range, headers, etag, length, attempt),
         )
-
-    @property
-    def throttled_tries(self) -> int:
-        """Tries of reads the store answered "slow down" so far (the adaptive limits' signal)."""
-        return self._reads.throttled_tries
-
-    @property
-    def tries_in_flight(self) -> int:
-        """Tries of reads not ended yet, abandoned ones included (they end by their timeouts)."""
-        return self._reads.in_flight
 
     def close(self) -> None:
         self._reads.close()
@@ -262,9 +244,6 @@ class OSSStore:
             prefix=full_prefix, continuation_token=token, max_keys=self._page_size
         )
 
-    def _call(self, what: str, key: str, sdk_call: Callable[[], T]) -> T:
-        return call_with_retries(lambda: self._attempt(key, sdk_call), self._retry, what=what)
-
     def _attempt(self, key: str, sdk_call: Callable[[], T]) -> T:
         """Run one SDK call, translating whatever the SDK raises into a StoreError."""
         try:
@@ -276,9 +255,6 @@ class OSSStore:
             OSError,
         ) as exc:
             raise _map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
-
-    def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
-        return kind(cause, dataset=self._dataset, key=key, store=self.description)
 
     def _credentials(self, config: StoreConfig) -> tuple[str, str]:
         if config.credentials_file is not None:

@@ -445,6 +445,57 @@ class _OneRead:
         return error
 
 
+class RetriedStore:
+    """What the store clients built on these retries share (S3Store, S3BulkReader, OSSStore):
+    calls retried, ranged reads hedged and length-checked, errors in the store's words.
+
+    A subclass sets ``description``, ``_dataset``, ``_retry`` and ``_reads`` (a
+    :class:`HedgedReads`) and defines :meth:`_attempt`: one try of an SDK call, whatever the SDK
+    raises translated into a StoreError."""
+
+    description: str
+    _dataset: str
+    _retry: RetryPolicy
+    _reads: HedgedReads
+
+    def _attempt(self, key: str, call: Callable[[], T]) -> T:
+        raise NotImplementedError
+
+    def _call(self, what: str, key: str, call: Callable[[], T]) -> T:
+        return call_with_retries(lambda: self._attempt(key, call), self._retry, what=what)
+
+    def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
+        return kind(cause, dataset=self._dataset, key=key, store=self.description)
+
+    def _hedged_read(
+        self, key: str, offset: int, length: int, one_try: Callable[[Attempt], bytes]
+    ) -> bytes:
+        """Exactly ``length`` bytes of ``key`` at ``offset``, from tries of ``one_try`` (hedged,
+        replaced when they stall, retried under the dataset's policy)."""
+
+        def get_once(attempt: Attempt) -> bytes:
+            body = self._attempt(key, lambda: one_try(attempt))
+            return check_body_length(
+                body, length, key=key, store=self.description, dataset=self._dataset
+            )
+
+        return self._reads.call(
+            get_once,
+            what=f"GET {key!r} bytes {offset}+{length}",
+            stalled=lambda cause: self._error(StoreUnavailable, cause, key),
+        )
+
+    @property
+    def throttled_tries(self) -> int:
+        """Tries of reads the store answered "slow down" so far (the adaptive limits' signal)."""
+        return self._reads.throttled_tries
+
+    @property
+    def tries_in_flight(self) -> int:
+        """Tries of reads not ended yet, abandoned ones included (they end by their timeouts)."""
+        return self._reads.in_flight
+
+
 def check_body_length(body: bytes, expected: int, *, key: str, store: str, dataset: str) -> bytes:
     """Return ``body`` if it is exactly ``expected`` bytes long, else raise
     :func:`body_length_error`."""

@@ -47,10 +47,9 @@ from cachefs.store.retry import (
     ATTEMPT_THREADS,
     Attempt,
     HedgedReads,
+    RetriedStore,
     ShortBody,
     body_length_error,
-    call_with_retries,
-    check_body_length,
     is_throttling,
     network_failure_cause,
 )
@@ -107,7 +106,7 @@ _AUTH_CODES = frozenset(
 _NOT_OPENED = object()  # S3Store._lean before the first GET
 
 
-class S3Store:
+class S3Store(RetriedStore):
     """An :class:`~cachefs.store.base.ObjectStore` for ``s3://bucket/prefix`` URIs.
 
     ``page_size`` (1..1000) is the ListObjectsV2 page size; only tests need to change it.
@@ -195,16 +194,11 @@ class S3Store:
         if etag is not None:
             request["IfMatch"] = f'"{etag}"'
 
-        def get_once(attempt: Attempt) -> bytes:
-            body = self._attempt(key, lambda: self._get_body(key, request, etag, length, attempt))
-            return check_body_length(
-                body, length, key=key, store=self.description, dataset=self._dataset
-            )
-
-        return self._reads.call(
-            get_once,
-            what=f"GET {key!r} bytes {offset}+{length}",
-            stalled=lambda cause: self._error(StoreUnavailable, cause, key),
+        return self._hedged_read(
+            key,
+            offset,
+            length,
+            lambda attempt: self._get_body(key, request, etag, length, attempt),
         )
 
     @property
@@ -279,9 +273,6 @@ class S3Store:
         finally:
             body.close()
 
-    def _call(self, what: str, key: str, sdk_call: Callable[[], T]) -> T:
-        return call_with_retries(lambda: self._attempt(key, sdk_call), self._retry, what=what)
-
     def _attempt(self, key: str, sdk_call: Callable[[], T]) -> T:
         """Run one SDK call, translating whatever the SDK raises into a StoreError."""
         try:
@@ -293,9 +284,6 @@ class S3Store:
             OSError,
         ) as exc:
             raise map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
-
-    def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
-        return kind(cause, dataset=self._dataset, key=key, store=self.description)
 
 
 def map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreError:

@@ -51,16 +51,15 @@ import botocore.utils
 import urllib3
 import urllib3.exceptions
 
-from cachefs.errors import ConfigError, ObjectChanged, StoreError, StoreUnavailable
+from cachefs.errors import ConfigError, ObjectChanged
 from cachefs.store.base import StoreConfig
 from cachefs.store.retry import (
     ATTEMPT_THREADS,
     Attempt,
     HedgedReads,
+    RetriedStore,
     ShortBody,
     body_length_error,
-    call_with_retries,
-    check_body_length,
 )
 from cachefs.store.s3 import (
     CHANGED,
@@ -93,7 +92,7 @@ class _Probed(Exception):
     """Stops the probe GET in ``before-send``: it has been built and signed, not sent."""
 
 
-class S3BulkReader:
+class S3BulkReader(RetriedStore):
     """Ranged GETs of one ``s3://bucket/prefix`` source (keys relative to the prefix, like
     every store's). Thread-safe; :meth:`close` when done."""
 
@@ -106,7 +105,7 @@ class S3BulkReader:
         self._dataset = config.dataset
         self._retry = config.retry
         self._prefix = source.prefix
-        probe = self._call("connect", lambda: _probe(config, endpoint, source))
+        probe = self._call("connect", "", lambda: _probe(config, endpoint, source))
         self._url_start, self._path_start = probe.url_start, probe.path_start
         self._region, self._credentials = probe.region, probe.credentials
         timeout = self._retry.attempt_timeout_s
@@ -131,29 +130,12 @@ class S3BulkReader:
         if etag is not None:
             headers["If-Match"] = f'"{etag}"'
 
-        def get_once(attempt: Attempt) -> bytes:
-            body = self._attempt(
-                key, lambda: self._get_body(key, path, headers, etag, length, attempt)
-            )
-            return check_body_length(
-                body, length, key=key, store=self.description, dataset=self._dataset
-            )
-
-        return self._reads.call(
-            get_once,
-            what=f"GET {key!r} bytes {offset}+{length}",
-            stalled=lambda cause: self._error(StoreUnavailable, cause, key),
+        return self._hedged_read(
+            key,
+            offset,
+            length,
+            lambda attempt: self._get_body(key, path, headers, etag, length, attempt),
         )
-
-    @property
-    def throttled_tries(self) -> int:
-        """Tries of reads the store answered "slow down" so far (the adaptive limits' signal)."""
-        return self._reads.throttled_tries
-
-    @property
-    def tries_in_flight(self) -> int:
-        """Tries of reads not ended yet, abandoned ones included (they end by their timeouts)."""
-        return self._reads.in_flight
 
     def close(self) -> None:
         self._reads.close()
@@ -215,9 +197,6 @@ class S3BulkReader:
                 response.close()  # unread bytes: this connection cannot carry another request
             response.release_conn()
 
-    def _call(self, what: str, call: Callable[[], T]) -> T:
-        return call_with_retries(lambda: self._attempt("", call), self._retry, what=what)
-
     def _attempt(self, key: str, call: Callable[[], T]) -> T:
         """Run one try, translating what botocore or urllib3 raise into a StoreError."""
         try:
@@ -229,9 +208,6 @@ class S3BulkReader:
             OSError,
         ) as exc:
             raise map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
-
-    def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
-        return kind(cause, dataset=self._dataset, key=key, store=self.description)
 
 
 @dataclass(frozen=True, slots=True)
