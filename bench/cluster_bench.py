@@ -62,6 +62,7 @@ from bench.read_bench import (
     lock_workdir,
     read_whole_file,
     run_and_report,
+    run_together,
     save_results,
     wait_for_quiet_cpu,
 )
@@ -250,10 +251,8 @@ def read_files(
         return ReadRun(0.0, 0, 0)
     readers = max(1, min(readers, len(order)))
     errors: list[str] = []
-    start = threading.Barrier(readers + 1)
 
     def reader(indices: Sequence[int]) -> None:
-        start.wait()
         try:
             for index in indices:
                 data = read_file(paths[index])
@@ -268,17 +267,7 @@ def read_files(
         except Exception as exc:  # reported with the pass, not lost in a thread
             errors.append(f"{type(exc).__name__}: {exc}")
 
-    threads = [
-        threading.Thread(target=reader, args=(part,), daemon=True)
-        for part in reader_split(order, readers)
-    ]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    began = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - began
+    seconds = run_together(reader, reader_split(order, readers))
     if errors:
         raise BenchmarkFailure(f"{len(errors)} reader(s) failed; first: {errors[0]}")
     return ReadRun(seconds, len(order), sum(sizes[i] for i in order))

@@ -49,7 +49,6 @@ import random
 import shlex
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,6 +75,7 @@ from bench.read_bench import (
     drop_page_cache,
     lock_workdir,
     run_and_report,
+    run_together,
     wait_for_quiet_cpu,
 )
 from bench.suite.backend import ProxyProcess
@@ -127,11 +127,9 @@ def timed_reads(
     readers = max(1, min(readers, len(order)))
     errors: list[str] = []
     latencies: list[float] = []
-    start = threading.Barrier(readers + 1)
 
     def reader(indices: Sequence[int]) -> None:
         mine = []
-        start.wait()
         try:
             for index in indices:
                 wanted = files[index]
@@ -149,17 +147,7 @@ def timed_reads(
         finally:
             latencies.extend(mine)  # list.extend is atomic under the GIL
 
-    threads = [
-        threading.Thread(target=reader, args=(part,), daemon=True)
-        for part in reader_split(order, readers)
-    ]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    began = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - began
+    seconds = run_together(reader, reader_split(order, readers))
     if errors:
         raise BenchmarkFailure(f"{len(errors)} reader(s) failed; first: {errors[0]}")
     return TimedReads(seconds, len(order), sum(files[i].size for i in order), latencies)
@@ -194,10 +182,8 @@ def read_large_ranged(client, wanted: ServedFile, part_bytes: int, threads: int)
     ]
     errors: list[str] = []
     threads = max(1, min(threads, len(parts)))
-    start = threading.Barrier(threads + 1)
 
     def getter(mine: Sequence[tuple[int, int]]) -> None:
-        start.wait()
         try:
             for offset, length in mine:
                 body = client.get_object(
@@ -210,17 +196,7 @@ def read_large_ranged(client, wanted: ServedFile, part_bytes: int, threads: int)
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
 
-    workers = [
-        threading.Thread(target=getter, args=(parts[t::threads],), daemon=True)
-        for t in range(threads)
-    ]
-    for worker in workers:
-        worker.start()
-    start.wait()
-    began = time.perf_counter()
-    for worker in workers:
-        worker.join()
-    seconds = time.perf_counter() - began
+    seconds = run_together(getter, [parts[t::threads] for t in range(threads)])
     if errors:
         raise BenchmarkFailure(f"ranged GETs failed; first: {errors[0]}")
     _check_large(wanted, len(buffer), xxhash.xxh3_64_intdigest(buffer))

@@ -48,6 +48,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 from bench.datagen import (
     DatasetPlan,
@@ -110,6 +111,28 @@ class ReadRun:
     cpu_busy_before: float | None = None
 
 
+T = TypeVar("T")
+
+
+def run_together(work: Callable[[T], None], parts: Sequence[T]) -> float:
+    """Run ``work(part)`` for every part, each in its own thread, all released at once; returns
+    the seconds from their release to the last one's end (thread start-up is not timed)."""
+    start = threading.Barrier(len(parts) + 1)
+
+    def run(part: T) -> None:
+        start.wait()
+        work(part)
+
+    threads = [threading.Thread(target=run, args=(part,), daemon=True) for part in parts]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - began
+
+
 def read_pass(
     paths: Sequence[str],
     sizes: Sequence[int],
@@ -127,10 +150,8 @@ def read_pass(
     """
     read_file = read_file or read_whole_file
     errors: list[str] = []
-    start = threading.Barrier(threads + 1)
 
     def reader(indices: Sequence[int]) -> None:
-        start.wait()
         try:
             for index in indices:
                 data = read_file(paths[index])
@@ -146,17 +167,7 @@ def read_pass(
         except Exception as exc:  # reported with the pass, not lost in a thread
             errors.append(f"{type(exc).__name__}: {exc}")
 
-    workers = [
-        threading.Thread(target=reader, args=(order[t::threads],), daemon=True)
-        for t in range(threads)
-    ]
-    for worker in workers:
-        worker.start()
-    start.wait()
-    began = time.perf_counter()
-    for worker in workers:
-        worker.join()
-    seconds = time.perf_counter() - began
+    seconds = run_together(reader, [order[t::threads] for t in range(threads)])
     if errors:
         raise BenchmarkFailure(f"{len(errors)} reader(s) failed; first: {errors[0]}")
     return ReadRun(seconds, len(order), sum(sizes[i] for i in order))
