@@ -106,7 +106,23 @@ _AUTH_CODES = frozenset(
 _NOT_OPENED = object()  # S3Store._lean before the first GET
 
 
-class S3Store(RetriedStore):
+class S3Calls(RetriedStore):
+    """A store whose tries run botocore or urllib3 (S3Store, and the lean GET client of
+    cachefs/store/s3_bulk.py): whatever they raise becomes a StoreError by :func:`map_error`."""
+
+    def _attempt(self, key: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except (
+            botocore.exceptions.BotoCoreError,
+            botocore.exceptions.ClientError,
+            urllib3.exceptions.HTTPError,
+            OSError,
+        ) as exc:
+            raise map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
+
+
+class S3Store(S3Calls):
     """An :class:`~cachefs.store.base.ObjectStore` for ``s3://bucket/prefix`` URIs.
 
     ``page_size`` (1..1000) is the ListObjectsV2 page size; only tests need to change it.
@@ -272,18 +288,6 @@ class S3Store(RetriedStore):
             raise self._error(ShortBody, cause, key) from exc
         finally:
             body.close()
-
-    def _attempt(self, key: str, sdk_call: Callable[[], T]) -> T:
-        """Run one SDK call, translating whatever the SDK raises into a StoreError."""
-        try:
-            return sdk_call()
-        except (
-            botocore.exceptions.BotoCoreError,
-            botocore.exceptions.ClientError,
-            urllib3.exceptions.HTTPError,
-            OSError,
-        ) as exc:
-            raise map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
 
 
 def map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreError:

@@ -37,9 +37,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import botocore.auth
@@ -57,21 +56,18 @@ from cachefs.store.retry import (
     ATTEMPT_THREADS,
     Attempt,
     HedgedReads,
-    RetriedStore,
     ShortBody,
     body_length_error,
 )
 from cachefs.store.s3 import (
     CHANGED,
+    S3Calls,
     describe,
     error_for_answer,
     make_client,
     make_session,
-    map_error,
 )
 from cachefs.store.uri import SourceURI, check_endpoint, parse_uri
-
-T = TypeVar("T")
 
 #: The User-Agent of its requests: a store's logs (and the tests' fault proxy) tell them apart
 #: from boto3's.
@@ -92,7 +88,7 @@ class _Probed(Exception):
     """Stops the probe GET in ``before-send``: it has been built and signed, not sent."""
 
 
-class S3BulkReader(RetriedStore):
+class S3BulkReader(S3Calls):
     """Ranged GETs of one ``s3://bucket/prefix`` source (keys relative to the prefix, like
     every store's). Thread-safe; :meth:`close` when done."""
 
@@ -196,18 +192,6 @@ class S3BulkReader(RetriedStore):
             if not complete:
                 response.close()  # unread bytes: this connection cannot carry another request
             response.release_conn()
-
-    def _attempt(self, key: str, call: Callable[[], T]) -> T:
-        """Run one try, translating what botocore or urllib3 raise into a StoreError."""
-        try:
-            return call()
-        except (
-            botocore.exceptions.BotoCoreError,
-            botocore.exceptions.ClientError,
-            urllib3.exceptions.HTTPError,
-            OSError,
-        ) as exc:
-            raise map_error(exc, key=key, dataset=self._dataset, store=self.description) from exc
 
 
 @dataclass(frozen=True, slots=True)
