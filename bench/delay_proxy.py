@@ -309,13 +309,18 @@ class DelayProxy:
 
 def fetch_stats(url: str, timeout: float = 10.0) -> dict:
     """The counters of a proxy running at ``url`` (another process)."""
+    return fetch_json(url, STATS_PATH, "delay proxy", timeout)
+
+
+def fetch_json(url: str, path: str, what: str, timeout: float = 10.0) -> dict:
+    """GET ``path`` of the server ``what`` at ``url`` on a new connection; its JSON answer."""
     split = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(split.hostname, split.port, timeout=timeout)
     try:
-        conn.request("GET", STATS_PATH)
+        conn.request("GET", path)
         response = conn.getresponse()
         if response.status != 200:
-            raise OSError(f"delay proxy at {url} answered {response.status}")
+            raise OSError(f"{what} at {url} answered {response.status}")
         return json.loads(response.read())
     finally:
         conn.close()

@@ -754,18 +754,9 @@ class LeanS3Process:
 
 def fetch_stats(url: str, timeout: float = 10.0) -> dict:
     """The counters of a lean_s3 server at ``url`` (one new connection: it is counted)."""
-    import http.client
+    from bench.delay_proxy import fetch_json
 
-    split = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(split.hostname, split.port, timeout=timeout)
-    try:
-        conn.request("GET", STATS_PATH)
-        response = conn.getresponse()
-        if response.status != 200:
-            raise OSError(f"lean_s3 at {url} answered {response.status}")
-        return json.loads(response.read())
-    finally:
-        conn.close()
+    return fetch_json(url, STATS_PATH, "lean_s3", timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:
