@@ -20,12 +20,11 @@ import signal
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import trio
-import xxhash
 
 from cachefs import __version__
 from cachefs.cache import TierConfig, TieredBlockCache
@@ -51,7 +50,6 @@ from cachefs.fs import fuse_ops
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, FileSystem, MountedDataset
 from cachefs.fs.native_reads import NativeReads
-from cachefs.fs.permissions import MountPermissions
 from cachefs.host import TierRequest, check_tier_sizes, warn_if_short
 from cachefs.meta import BuildResult, Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics, counter, gauge, labelled_counter, make_registry
@@ -61,9 +59,9 @@ from cachefs.peer.server import PeerServer
 from cachefs.pidlock import WORKER_LOCK_NAME, LockHeld, take_pid_lock
 from cachefs.protocol import DatasetSpec
 from cachefs.registry import Registry
+from cachefs.settings import WorkerConfig
 from cachefs.store import StoreConfig, open_store
 from cachefs.store.base import RetryPolicy
-from cachefs.store.concurrency import PRELOAD_BOUNDS
 from cachefs.store.uri import parse_uri
 
 log = logging.getLogger("cachefs.worker")
@@ -74,69 +72,6 @@ MAX_PATHS_PER_REQUEST = 10_000
 _RESOLVE_SLICE = 256
 # The longest path a unix socket can be bound to (sun_path holds 108 bytes with its NUL).
 _MAX_UNIX_PATH = 107
-
-
-def default_ram_dir(state_dir: str) -> str:
-    """A per-state-directory folder on tmpfs, so several workers on one machine never collide."""
-    tag = xxhash.xxh3_64_hexdigest(os.path.abspath(state_dir).encode())[:12]
-    return f"/dev/shm/cachefs-{tag}"
-
-
-@dataclass
-class WorkerConfig:
-    state_dir: str
-    mountpoint: str
-    ram_capacity: int
-    ram_dir: str | None = None
-    ram_reserve: int = 0
-    ssd_dir: str | None = None
-    ssd_capacity: int = 0
-    ssd_reserve: int = 0
-    admission: str = "avoid-eviction"
-    promote: bool = False
-    entry_timeout: float = 3600.0
-    attr_timeout: float = 3600.0
-    max_tasks: int = 64
-    allow_other: bool = True
-    # Owner and modes of entries whose source records none (object stores); file:// entries
-    # keep their source's (cachefs/fs/permissions.py).
-    permissions: MountPermissions = field(default_factory=MountPermissions)
-    # HOST:PORT of a TCP listener serving only /metrics; None: none (the control socket
-    # always serves /metrics). Off unless asked: a fixed default port would make a second
-    # worker on the machine fail to start.
-    metrics_listen: str | None = None
-    no_open: bool | None = None  # None: on when the patched pyfuse3 is installed
-    # READs of RAM-tier blocks answered in C by the patched pyfuse3 (cachefs/fs/native_reads.py).
-    # None: on when that pyfuse3 is installed and no-open mode is on.
-    fast_read: bool | None = None
-    # Kernel readahead for the mount. FUSE's default (128 KiB) splits every file larger than
-    # that into several READ requests; 1 MiB (the largest request libfuse negotiates) lets a
-    # typical training sample arrive in one.
-    readahead_kib: int = 1024
-    node: str = field(default_factory=socket.gethostname)
-    limits: ReadLimits = field(default_factory=ReadLimits)
-    # Cluster mode (`cachefs worker`): follow a coordinator, serve and read peers' blocks.
-    coordinator: str | None = None  # URL; None = single node (`cachefs up`)
-    listen: str | None = None  # HOST:PORT of the peer block server
-    token: str | None = None  # bearer token of the coordinator and the peer endpoints
-    gpus: int = 8  # reported to the coordinator for job placement
-    heartbeat_interval_s: float = 2.0
-    peer_timeout_s: float = 2.0  # a dead or stalled peer costs at most this, then the store
-    preload_processes: int = 2  # fetcher processes for preload (0: fetch in threads)
-    # Blocks in flight per node during a preload: where the adaptive limit starts, and its
-    # ceiling (cachefs/store/concurrency.py: it grows while the store keeps up, halves when it
-    # answers "slow down").
-    preload_concurrency: int = PRELOAD_BOUNDS.initial
-    preload_concurrency_max: int = PRELOAD_BOUNDS.ceiling
-    fill_concurrency: int = 8  # blocks in flight per node while filling a copy from peers
-    prefetch_queue_files: int = 20_000  # hinted files waiting; past it the oldest are dropped
-    # Hinted blocks being fetched at once: enough to hide a store's latency (tens of ms per
-    # GET), half of ReadLimits.store_threads so FUSE misses keep the other half.
-    prefetch_concurrency: int = 16
-
-    @property
-    def socket_path(self) -> str:
-        return os.path.join(self.state_dir, "worker.sock")
 
 
 class Worker(WorkerAPI):
@@ -226,10 +161,9 @@ class Worker(WorkerAPI):
 
     def _tier_configs(self) -> list[TierConfig]:
         cfg = self.config
-        ram_dir = cfg.ram_dir or default_ram_dir(cfg.state_dir)
-        tiers = [TierConfig("ram", ram_dir, cfg.ram_capacity, cfg.ram_reserve)]
-        if cfg.ssd_dir and cfg.ssd_capacity > 0:
-            tiers.append(TierConfig("ssd", cfg.ssd_dir, cfg.ssd_capacity, cfg.ssd_reserve))
+        tiers = [TierConfig("ram", cfg.ram_path, cfg.ram_capacity, cfg.ram_reserve)]
+        if cfg.ssd and cfg.ssd.capacity > 0:
+            tiers.append(TierConfig("ssd", cfg.ssd.path, cfg.ssd.capacity, cfg.ssd_reserve))
         return tiers
 
     def _tier_requests(self) -> list[TierRequest]:
@@ -284,7 +218,10 @@ class Worker(WorkerAPI):
         self.registry = Registry(os.path.join(cfg.state_dir, "registry"))
         if cfg.coordinator:
             self.membership = Membership(cfg.node)
-        self.fs = FileSystem(BlockReader(self.cache, self.metrics, cfg.limits), cfg.permissions)
+        self.fs = FileSystem(
+            BlockReader(self.cache, self.metrics, ReadLimits(store_threads=cfg.store_threads)),
+            cfg.permissions,
+        )
         self.prefetcher = Prefetcher(
             self.fs,
             self.cache,

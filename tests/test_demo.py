@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from cachefs.demo import generate_image_tree
-from cachefs.worker import default_ram_dir
+from cachefs.settings import default_ram_dir
 from tests.waiting import WAIT_S
 from tests.worker_process import REPO_ROOT
 

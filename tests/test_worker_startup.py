@@ -17,7 +17,7 @@ import pytest
 from cachefs.client import ControlClient
 from cachefs.host import mounts_at
 from cachefs.pidlock import is_locked, names_held_lock, take_pid_lock
-from cachefs.worker import default_ram_dir
+from cachefs.settings import default_ram_dir
 from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import REPO_ROOT, force_unmount, log_tail
 

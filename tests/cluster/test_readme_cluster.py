@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 from cachefs.host import mounts_at
-from cachefs.worker import default_ram_dir
+from cachefs.settings import default_ram_dir
 from tests.fakes.moto import free_port
 from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import REPO_ROOT, force_unmount, log_tail

@@ -22,7 +22,8 @@ import uuid
 
 import pytest
 
-from cachefs.cli import _worker_config, build_parser
+from cachefs.cli import build_parser
+from cachefs.commands.worker import worker_config
 from cachefs.meta import Snapshot
 from tests.waiting import WAIT_S
 from tests.worker_process import REPO_ROOT, WorkerProcess, drop_page_cache
@@ -286,7 +287,7 @@ def test_cluster_workers_take_the_same_options():
             *("--file-mode", "400", "--dir-mode", "0o500", "--no-allow-other"),
         ]
     )
-    config = _worker_config(args)
+    config = worker_config(args)
     assert (config.permissions.uid, config.permissions.gid) == (7, 8)
     assert (config.permissions.file_mode, config.permissions.dir_mode) == (0o400, 0o500)
     assert config.allow_other is False
