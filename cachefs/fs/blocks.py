@@ -23,9 +23,13 @@ This is the heart of the read path (DESIGN.md "Read path"):
   readers when the block could not be admitted (avoid-eviction with full tiers): without it, a
   4 MiB block read through in 128 KiB FUSE requests would be fetched 32 times.
 * Block read-ahead: a reader that moves from block i-1 to block i of a file (a sequential
-  reader of a large file: a TFRecord shard, a video) gets blocks i+1..i+N fetched in the
-  background, so a single stream has N+1 store requests in flight instead of one. Strided and
-  random readers never trigger it; small files have one block.
+  reader of a large file: a TFRecord shard, a video) gets blocks i+1..i+W fetched in the
+  background, so a single stream has W+1 requests in flight instead of one. The window W
+  doubles at each block the reader moves on to, from ``readahead_blocks`` up to
+  ``readahead_max_blocks`` (mountpoint-s3's ramp: a short read costs little, a long stream
+  soon has the store's concurrency). A first read at the start of a multi-block file fetches
+  its second block ahead (a reader that starts at 0 is usually sequential; a random one loses
+  one block). Strided and random readers never trigger it; small files have one block.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -140,8 +145,12 @@ class ReadLimits:
     store_threads: int = READ_BOUNDS.initial
     disk_threads: int = 8  # concurrent SSD-tier reads
     admit_threads: int = 4  # concurrent admissions (file writes + index commits)
-    recent_bytes: int = 64 << 20  # read-through buffer
-    readahead_blocks: int = 4  # blocks fetched ahead of a sequential reader (0: off)
+    recent_bytes: int = 64 << 20  # read-through buffer (at most _RecentBlocks.MAX_BLOCKS)
+    # Blocks fetched ahead of a sequential reader at its first block transition (0: off),
+    # doubling at each further one up to the maximum. The maximum stays below the read-through
+    # buffer's block count, or a non-owner's blocks read ahead would push out the ones it reads.
+    readahead_blocks: int = 4
+    readahead_max_blocks: int = 12
 
 
 class BlockReader:
@@ -174,8 +183,10 @@ class BlockReader:
         self._recent = _RecentBlocks(limits.recent_bytes)
         self._flights: dict[bytes, _Flight] = {}
         self._readahead_blocks = limits.readahead_blocks
-        # (source id, object key) -> the block its last read ended in; bounded, oldest dropped.
-        self._last_block: OrderedDict[tuple[int, str], int] = OrderedDict()
+        self._readahead_max_blocks = max(limits.readahead_blocks, limits.readahead_max_blocks)
+        # (source id, object key) -> (the block its last read ended in, the read-ahead window
+        # in blocks it has reached); bounded, oldest dropped.
+        self._last_block: OrderedDict[tuple[int, str], tuple[int, int]] = OrderedDict()
         # Read-ahead fetches run here, in the nursery of serve_readahead (None: not running).
         self._background: trio.Nursery | None = None
         # (source id, object key, etag, index) -> its BlockKey: a block read in many requests
@@ -185,15 +196,25 @@ class BlockReader:
         # coordinator's idle-copy cleanup looks at). One dict store per read request.
         self.last_read_at: dict[str, float] = {}
 
-    async def read(self, source: DataSource, file: FileVersion, offset: int, size: int) -> bytes:
-        """Bytes ``[offset, offset+size)`` of ``file``, clipped at its end."""
+    async def read(
+        self,
+        source: DataSource,
+        file: FileVersion,
+        offset: int,
+        size: int,
+        *,
+        read_ahead_done: Callable[[int], None] | None = None,
+    ) -> bytes:
+        """Bytes ``[offset, offset+size)`` of ``file``, clipped at its end.
+        ``read_ahead_done(index)`` is called when a block this read started fetching ahead
+        has been fetched (and admitted, where this node admits it)."""
         self.last_read_at[source.dataset] = time.time()
         end = min(offset + size, file.size)
         if offset >= end:
             return b""
         block_size = source.block_size
         first, last = offset // block_size, (end - 1) // block_size
-        self._note_sequential(source, file, first, last)
+        self._note_sequential(source, file, first, last, read_ahead_done)
         if first == last:
             start = first * block_size
             return await self._read_block(source, file, first, offset - start, end - offset)
@@ -203,6 +224,11 @@ class BlockReader:
             lo, hi = max(offset, start), min(end, start + block_size)
             parts.append(await self._read_block(source, file, index, lo - start, hi - lo))
         return b"".join(parts)
+
+    @property
+    def fetches_in_flight(self) -> int:
+        """Blocks being fetched now (by readers, read-ahead and prefetch hints)."""
+        return len(self._flights)
 
     def block_key(self, source: DataSource, file: FileVersion, index: int) -> BlockKey:
         identity = (source.source_id, file.key, file.etag, index)
@@ -223,32 +249,58 @@ class BlockReader:
         finally:
             self._background = None
 
-    def _note_sequential(self, source: DataSource, file: FileVersion, first: int, last: int):
+    def _note_sequential(
+        self,
+        source: DataSource,
+        file: FileVersion,
+        first: int,
+        last: int,
+        done: Callable[[int], None] | None,
+    ) -> None:
         """Remember where this read ended; if it moved on from the block the previous read of
-        the file ended in, start fetching the next blocks (once per block transition)."""
+        the file ended in, start fetching the next blocks (once per block transition), over a
+        window that doubles with each transition."""
         slot = (source.source_id, file.key)
         previous = self._last_block.pop(slot, None)
-        self._last_block[slot] = last
+        if previous is None:
+            # A first read: at the start of the file, its next block (if any) is read ahead.
+            window = fetch = 1 if first == 0 and self._readahead_blocks else 0
+        else:
+            ended, reached = previous
+            if ended <= first <= ended + 1 < last + 1:  # moved on into the next block
+                grown = min(2 * reached, self._readahead_max_blocks)
+                window = fetch = max(grown, self._readahead_blocks)
+            elif ended - 1 <= first and last <= ended:
+                # More of the same block, or a straggler of the one before (the kernel's
+                # read-ahead can answer out of order): the position and the window stay.
+                last, window, fetch = ended, reached, 0
+            else:  # a jump: not sequential, the window starts again
+                window = fetch = 0
+        self._last_block[slot] = (last, window)
         if len(self._last_block) > LAST_BLOCK_SLOTS:
             self._last_block.popitem(last=False)
-        moved_on = previous is not None and previous <= first <= previous + 1 < last + 1
-        if self._background is None or not moved_on:
+        if self._background is None or not fetch:
             return
         final = (file.size - 1) // source.block_size
-        for index in range(last + 1, min(last + self._readahead_blocks, final) + 1):
+        for index in range(last + 1, min(last + fetch, final) + 1):
             key = self.block_key(source, file, index)
             if key.raw in self._flights or self._recent.get(key.raw) is not None:
                 continue
             if self.cache.locate(key) is not None:
                 continue
-            self._background.start_soon(self._read_ahead, source, file, index, key)
+            self._background.start_soon(self._read_ahead, source, file, index, key, done)
 
     async def _read_ahead(
-        self, source: DataSource, file: FileVersion, index: int, key: BlockKey
+        self,
+        source: DataSource,
+        file: FileVersion,
+        index: int,
+        key: BlockKey,
+        done: Callable[[int], None] | None,
     ) -> None:
         """One block fetched ahead of a reader: as a miss would fetch it (owner, fill source,
-        store; admitted where a miss would admit it). A failure is only logged: the reader's
-        own read of the block will meet it, or succeed on retry."""
+        store; admitted where a miss would admit it), then ``done(index)``. A failure is only
+        logged: the reader's own read of the block will meet it, or succeed on retry."""
         owner = self.route.owner_address(source.dataset, key.shard) if self.route else None
         try:
             await self._fetch(source, file, index, key, peer=owner)
@@ -256,6 +308,8 @@ class BlockReader:
             log.debug("read-ahead of block %d of %s failed: %s", index, file.key, exc)
             return
         self.metrics.readahead_blocks += 1
+        if done is not None:
+            done(index)
 
     async def fetch_ahead(self, source: DataSource, file: FileVersion, index: int) -> str | None:
         """Fetch one block for a reader that said it will read it soon (a prefetch hint), as a

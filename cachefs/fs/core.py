@@ -304,7 +304,15 @@ class FileSystem:
             remembered = self._remember_version(dataset, entry)
         source, version = remembered
         generation = self._generation
-        data = await self.reader.read(source, version, offset, size)
+
+        def register_read_ahead(index: int) -> None:
+            # A block read ahead of this reader is in RAM now: its READs can stay in C.
+            if self.native is not None and generation == self._generation:
+                self.native.register_blocks(ino, source, version, index, 1)
+
+        data = await self.reader.read(
+            source, version, offset, size, read_ahead_done=register_read_ahead
+        )
         if self.native is not None and generation == self._generation and data:
             # This READ came to Python: its blocks (and the next ones) may be in RAM now.
             first = offset // source.block_size

@@ -9,6 +9,7 @@ import random
 
 import pytest
 import trio
+import trio.testing
 
 from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.errors import StoreUnavailable
@@ -16,6 +17,7 @@ from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
 from cachefs.metrics import WorkerMetrics
 from cachefs.store import StoreConfig, open_store
 from tests.fakes.wrappers import CountingStore
+from tests.waiting import wait_until
 
 BLOCK = 16 * 1024
 
@@ -116,37 +118,80 @@ async def read_in_steps(reader, source, version, offsets, step):
 
 
 async def test_a_sequential_reader_gets_the_next_blocks_fetched_ahead(world):
-    """Reading on from block 0 into block 1 starts fetches of blocks 2..5 in the background:
-    the reader then finds them cached or in flight, each block is fetched once, and the
-    bytes are the file's."""
+    """A first read at offset 0 fetches block 1 ahead; moving on from block 0 into block 1
+    starts fetches of blocks 2..5 in the background: the reader then finds them cached or in
+    flight, each block is fetched once, and the bytes are the file's."""
     reader, source, version, data, store, metrics = world
+    step = BLOCK // 4
     async with trio.open_nursery() as nursery:
         await nursery.start(reader.serve_readahead)
-        step = BLOCK // 4
-        got = await read_in_steps(reader, source, version, range(0, 2 * BLOCK, step), step)
-        await trio.sleep(0.5)  # the read-ahead fetches (0.2 s each, in parallel) finish
-        assert store.gets == 6  # blocks 0 and 1 on demand, 2..5 ahead: every block once
-        assert metrics.readahead_blocks == 4
+        got = await read_in_steps(reader, source, version, range(0, BLOCK, step), step)
+        await wait_until(lambda: metrics.readahead_blocks == 1, "block 1 read ahead")
+        got += await read_in_steps(reader, source, version, range(BLOCK, 2 * BLOCK, step), step)
+        await wait_until(lambda: metrics.readahead_blocks == 5, "blocks 2..5 read ahead")
+        assert store.gets == 6  # block 0 on demand, 1..5 ahead: every block once
         got += await read_in_steps(reader, source, version, range(2 * BLOCK, len(data), step), step)
         nursery.cancel_scope.cancel()
     assert got == data
-    assert store.gets == 6 and metrics.misses == 2
+    assert store.gets == 6 and metrics.misses == 1
+
+
+async def test_the_read_ahead_window_doubles_as_a_reader_moves_on_and_restarts_after_a_jump(
+    tmp_path,
+):
+    """Reference model: window 1 after a first read at 0, then 2 (the configured start),
+    4, 8 and at most 8; a jump starts again. Each step waits for the read-ahead it started,
+    so the store's GET count is exactly the blocks reached."""
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    data = random.Random(9).randbytes(40 * BLOCK)
+    (source_dir / "long.bin").write_bytes(data)
+    store = CountingStore(open_store(StoreConfig(uri=f"file://{source_dir}")), delay_s=0.01)
+    cache = TieredBlockCache(
+        str(tmp_path / "index"), [TierConfig("ram", str(tmp_path / "ram"), 4 << 20)]
+    )
+    metrics = WorkerMetrics()
+    reader = BlockReader(cache, metrics, ReadLimits(readahead_blocks=2, readahead_max_blocks=8))
+    info = store.inner.head("long.bin")
+    version = FileVersion(info.key, info.etag, info.size)
+    source = DataSource("ds", store, 1, BLOCK)
+    # (block read, the highest block fetched once its read-ahead is done)
+    model = [(0, 1), (1, 3), (2, 6), (3, 11), (4, 12), (5, 13), (30, 30), (31, 33), (32, 36)]
+    fetched: set[int] = set()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.serve_readahead)
+            for index, highest in model:
+                got = await reader.read(source, version, index * BLOCK, BLOCK)
+                assert got == data[index * BLOCK : (index + 1) * BLOCK]
+                fetched |= set(range(index, highest + 1))
+                await wait_until(
+                    lambda n=len(fetched): store.gets >= n and reader.fetches_in_flight == 0,
+                    f"the read-ahead after block {index}",
+                )
+                assert store.gets == len(fetched), (index, store.gets, sorted(fetched))
+            nursery.cancel_scope.cancel()
+    finally:
+        cache.close()
+    assert metrics.misses == 3  # block 0, and 30 and 31 after the jump
 
 
 async def test_strided_readers_and_a_reader_without_the_service_get_no_read_ahead(world):
     reader, source, version, data, store, metrics = world
     async with trio.open_nursery() as nursery:
         await nursery.start(reader.serve_readahead)
-        for index in (0, 2, 4):  # every other block: not sequential
+        for index in (1, 3, 5):  # every other block, not from the start: not sequential
             assert (
-                await reader.read(source, version, index * BLOCK, 100)
-                == data[index * BLOCK : index * BLOCK + 100]
+                await reader.read(source, version, index * BLOCK, 10)
+                == data[index * BLOCK : index * BLOCK + 10]
             )
-        await trio.sleep(0.3)
+        # A read-ahead started by these reads would have registered its fetch by now.
+        await trio.testing.wait_all_tasks_blocked()
+        assert reader.fetches_in_flight == 0
         nursery.cancel_scope.cancel()
     assert store.gets == 3 and metrics.readahead_blocks == 0
     # serve_readahead is not running: a sequential read fetches only what it reads.
-    assert await reader.read(source, version, BLOCK, 2 * BLOCK) == data[BLOCK : 3 * BLOCK]
-    assert await reader.read(source, version, 3 * BLOCK, 10) == data[3 * BLOCK : 3 * BLOCK + 10]
-    await trio.sleep(0.3)
-    assert store.gets == 5 and metrics.readahead_blocks == 0
+    assert await reader.read(source, version, 0, 3 * BLOCK) == data[: 3 * BLOCK]
+    assert await reader.read(source, version, 4 * BLOCK, 10) == data[4 * BLOCK : 4 * BLOCK + 10]
+    assert reader.fetches_in_flight == 0
+    assert store.gets == 6 and metrics.readahead_blocks == 0  # blocks 0, 2 and 4

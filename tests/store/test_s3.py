@@ -22,7 +22,7 @@ from cachefs.errors import (
     StoreUnavailable,
 )
 from cachefs.store.base import RetryPolicy, StoreConfig
-from cachefs.store.s3 import S3Store
+from cachefs.store.s3 import S3Store, make_session
 from cachefs.store.s3_bulk import USER_AGENT as S3_BULK_USER_AGENT
 from tests.fakes.moto import free_port
 
@@ -303,3 +303,22 @@ def test_gets_go_through_the_lean_client_by_default_and_the_rest_through_botocor
     switched_off = make_store(fault_proxy.url, f"s3://{bucket}/data", lean_gets=False)
     assert switched_off.get_range("small.txt", 1, 3) == b"ell"
     assert len(fault_proxy.user_agents("GET", path_contains="small.txt")) == 2
+
+
+def test_stores_share_one_model_loader_and_read_with_it(moto_s3, bucket):
+    """botocore's JSON models are parsed once per process, not once per store: every session
+    (each dataset add or refresh opens stores) shares one loader, and stores opened after the
+    first read their bytes through it."""
+    moto_s3.put(bucket, "shared.bin", b"the same bytes")
+    stores = [make_store(moto_s3.endpoint, f"s3://{bucket}/") for _ in range(2)]
+    try:
+        for store in stores:
+            assert store.get_range("shared.bin", 4, 4) == b"same"
+        loaders = {
+            id(make_session(StoreConfig(uri=f"s3://{bucket}/")).get_component("data_loader"))
+            for _ in range(2)
+        }
+        assert len(loaders) == 1
+    finally:
+        for store in stores:
+            store.close()
