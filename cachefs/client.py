@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,10 +97,12 @@ def refusal_of(
         return ControlError(
             one_line(message) + hint, status=response.status_code, kind=kind, invalid=invalid
         )
-    return ControlError(one_line(detail or body) + hint, status=response.status_code, kind=kind)
+    return ControlError(
+        one_line(str(detail or body)) + hint, status=response.status_code, kind=kind
+    )
 
 
-def _invalid_field(error: dict, sent: dict[str, Any]) -> InvalidField:
+def _invalid_field(error: dict[str, Any], sent: dict[str, Any]) -> InvalidField:
     """One item of FastAPI's 422 ``detail``: ``loc`` is ("body"|"query"|"path", field, …)."""
     loc = [str(part) for part in error.get("loc") or ()]
     where, path = (loc[0], loc[1:]) if loc else ("body", [])
@@ -130,9 +133,38 @@ def _sent(request_kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"body": request_kwargs.get("json"), "query": request_kwargs.get("params")}
 
 
-class PreloadCalls:
+class _JSONCalls:
+    """What both clients share: a call whose answer is the JSON document its route documents.
+    ``_request`` (each client's own) sends a call and returns its decoded answer."""
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """A call answered with a JSON object."""
+        answer = self._request(method, path, **kwargs)
+        if not isinstance(answer, dict):
+            raise _unexpected_answer(method, path, "a JSON object", answer)
+        return answer
+
+    def _list(self, method: str, path: str, **kwargs: Any) -> list[dict[str, Any]]:
+        """A call answered with a JSON array of objects."""
+        answer = self._request(method, path, **kwargs)
+        if not isinstance(answer, list):
+            raise _unexpected_answer(method, path, "a JSON array", answer)
+        return answer
+
+
+def _unexpected_answer(method: str, path: str, wanted: str, answer: object) -> CachefsError:
+    return CachefsError(
+        f"{method} {path} answered {one_line(repr(answer), 200)} where {wanted} was expected "
+        "(a worker or coordinator of another version?)"
+    )
+
+
+class PreloadCalls(_JSONCalls):
     """The preload routes, the same on a worker's control socket (single node) and on the
-    coordinator (a cluster), so the CLI drives either client. Needs ``_request``."""
+    coordinator (a cluster), so the CLI drives either client."""
 
     def preload(
         self,
@@ -142,18 +174,18 @@ class PreloadCalls:
         fraction: float | None = None,
         nbytes: int | None = None,
         at: float | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         body = {"paths": paths or [], "fraction": fraction, "bytes": nbytes, "at": at}
-        return self._request("POST", f"/v1/datasets/{dataset}/preload", json=body)
+        return self._object("POST", f"/v1/datasets/{dataset}/preload", json=body)
 
-    def preload_status(self, dataset: str) -> dict:
-        return self._request("GET", f"/v1/datasets/{dataset}/preload")
+    def preload_status(self, dataset: str) -> dict[str, Any]:
+        return self._object("GET", f"/v1/datasets/{dataset}/preload")
 
-    def resume_preload(self, dataset: str) -> dict:
-        return self._request("POST", f"/v1/datasets/{dataset}/preload/resume")
+    def resume_preload(self, dataset: str) -> dict[str, Any]:
+        return self._object("POST", f"/v1/datasets/{dataset}/preload/resume")
 
-    def cancel_preload(self, dataset: str) -> dict:
-        return self._request("POST", f"/v1/datasets/{dataset}/preload/cancel")
+    def cancel_preload(self, dataset: str) -> dict[str, Any]:
+        return self._object("POST", f"/v1/datasets/{dataset}/preload/cancel")
 
 
 class ControlClient(PreloadCalls):
@@ -172,10 +204,10 @@ class ControlClient(PreloadCalls):
     def __enter__(self) -> ControlClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs) -> Any:
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
         except (httpx.ConnectError, FileNotFoundError) as exc:
@@ -200,42 +232,46 @@ class ControlClient(PreloadCalls):
             return False
         return True
 
-    def status(self) -> dict:
-        return self._request("GET", "/v1/status")
+    def status(self) -> dict[str, Any]:
+        return self._object("GET", "/v1/status")
 
-    def datasets(self) -> list[dict]:
-        return self._request("GET", "/v1/datasets")
+    def datasets(self) -> list[dict[str, Any]]:
+        return self._list("GET", "/v1/datasets")
 
-    def add_dataset(self, spec: dict, *, allow_empty: bool = False) -> dict:
+    def add_dataset(self, spec: dict[str, Any], *, allow_empty: bool = False) -> dict[str, Any]:
         """Add a dataset; a source that lists no file is refused unless ``allow_empty``."""
         params = {"allow_empty": "true"} if allow_empty else None
-        return self._request("POST", "/v1/datasets", json=spec, params=params)
+        return self._object("POST", "/v1/datasets", json=spec, params=params)
 
-    def remove_dataset(self, name: str, *, keep_cache: bool = False) -> dict:
-        return self._request(
+    def remove_dataset(self, name: str, *, keep_cache: bool = False) -> dict[str, Any]:
+        return self._object(
             "DELETE", f"/v1/datasets/{name}", params={"keep_cache": str(keep_cache).lower()}
         )
 
-    def refresh_dataset(self, name: str) -> dict:
-        return self._request("POST", f"/v1/datasets/{name}/refresh")
+    def refresh_dataset(self, name: str) -> dict[str, Any]:
+        return self._object("POST", f"/v1/datasets/{name}/refresh")
 
-    def resolve(self, dataset: str, path: str) -> dict:
-        return self._request("GET", "/v1/resolve", params={"dataset": dataset, "path": path})
+    def resolve(self, dataset: str, path: str) -> dict[str, Any]:
+        return self._object("GET", "/v1/resolve", params={"dataset": dataset, "path": path})
 
-    def resolve_many(self, dataset: str, paths: list[str], *, timeout: float | None = None) -> dict:
+    def resolve_many(
+        self, dataset: str, paths: list[str], *, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Per path its size and blocks, each cached block with its local file, length and
         xxh3_64 (see ``Worker.resolve_many``). At most 10,000 paths per call."""
-        return self._request(
+        return self._object(
             "POST",
             f"/v1/datasets/{dataset}/resolve",
             json={"paths": list(paths)},
             timeout=timeout or self._http.timeout,
         )
 
-    def prefetch(self, dataset: str, paths: list[str], *, timeout: float | None = None) -> dict:
+    def prefetch(
+        self, dataset: str, paths: list[str], *, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Tell the worker these files will be read soon: their uncached blocks are fetched in
         the background. Returns ``{"accepted", "dropped", "queued"}``."""
-        return self._request(
+        return self._object(
             "POST",
             f"/v1/datasets/{dataset}/prefetch",
             json={"paths": list(paths)},
@@ -246,7 +282,10 @@ class ControlClient(PreloadCalls):
         self._request("POST", "/v1/shutdown")
 
     def metrics(self) -> str:
-        return self._request("GET", "/metrics")
+        text = self._request("GET", "/metrics")
+        if not isinstance(text, str):
+            raise _unexpected_answer("GET", "/metrics", "Prometheus text", text)
+        return text
 
 
 # --- the coordinator -----------------------------------------------------------------------------
@@ -299,10 +338,10 @@ class CoordinatorClient(PreloadCalls):
     def __enter__(self) -> CoordinatorClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs) -> Any:
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -317,42 +356,42 @@ class CoordinatorClient(PreloadCalls):
             raise refusal_of(response, sent=_sent(kwargs), hint=hint)
         return response.json()
 
-    def health(self) -> dict:
-        return self._request("GET", "/healthz")
+    def health(self) -> dict[str, Any]:
+        return self._object("GET", "/healthz")
 
-    def datasets(self) -> list[dict]:
-        return self._request("GET", "/v1/datasets")
+    def datasets(self) -> list[dict[str, Any]]:
+        return self._list("GET", "/v1/datasets")
 
-    def dataset(self, name: str) -> dict:
-        return self._request("GET", f"/v1/datasets/{name}")
+    def dataset(self, name: str) -> dict[str, Any]:
+        return self._object("GET", f"/v1/datasets/{name}")
 
-    def add_dataset(self, spec: dict) -> dict:
-        return self._request("POST", "/v1/datasets", json=spec)
+    def add_dataset(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._object("POST", "/v1/datasets", json=spec)
 
-    def remove_dataset(self, name: str) -> dict:
-        return self._request("DELETE", f"/v1/datasets/{name}")
+    def remove_dataset(self, name: str) -> dict[str, Any]:
+        return self._object("DELETE", f"/v1/datasets/{name}")
 
-    def update_policy(self, name: str, **changes) -> dict:
+    def update_policy(self, name: str, **changes: Any) -> dict[str, Any]:
         """Change ``max_jobs_per_copy`` (None: no limit), ``overflow`` or ``cleanup``."""
-        return self._request("PATCH", f"/v1/datasets/{name}", json=changes)
+        return self._object("PATCH", f"/v1/datasets/{name}", json=changes)
 
-    def refresh_dataset(self, name: str) -> dict:
-        return self._request("POST", f"/v1/datasets/{name}/refresh")
+    def refresh_dataset(self, name: str) -> dict[str, Any]:
+        return self._object("POST", f"/v1/datasets/{name}/refresh")
 
-    def locality(self, dataset: str) -> dict:
-        return self._request("GET", f"/v1/datasets/{dataset}/locality")
+    def locality(self, dataset: str) -> dict[str, Any]:
+        return self._object("GET", f"/v1/datasets/{dataset}/locality")
 
-    def locality_document(self) -> dict:
-        return self._request("GET", "/v1/locality")
+    def locality_document(self) -> dict[str, Any]:
+        return self._object("GET", "/v1/locality")
 
-    def nodes(self) -> list[dict]:
-        return self._request("GET", "/v1/nodes")
+    def nodes(self) -> list[dict[str, Any]]:
+        return self._list("GET", "/v1/nodes")
 
-    def node(self, name: str) -> dict:
-        return self._request("GET", f"/v1/nodes/{name}")
+    def node(self, name: str) -> dict[str, Any]:
+        return self._object("GET", f"/v1/nodes/{name}")
 
-    def heartbeat(self, node: str, report: dict) -> dict:
-        return self._request("POST", f"/v1/nodes/{node}/heartbeat", json=report)
+    def heartbeat(self, node: str, report: dict[str, Any]) -> dict[str, Any]:
+        return self._object("POST", f"/v1/nodes/{node}/heartbeat", json=report)
 
     # --- jobs and copies (the CacheManager) -----------------------------------------------------
 
@@ -364,35 +403,35 @@ class CoordinatorClient(PreloadCalls):
         *,
         candidates: list[str] | None = None,
         lease_s: float | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         body = {"id": job, "dataset": dataset, "nodes": nodes, "candidates": candidates}
         if lease_s is not None:
             body["lease_s"] = lease_s
-        return self._request("POST", "/v1/jobs", json=body)
+        return self._object("POST", "/v1/jobs", json=body)
 
-    def jobs(self, dataset: str | None = None) -> list[dict]:
+    def jobs(self, dataset: str | None = None) -> list[dict[str, Any]]:
         params = {"dataset": dataset} if dataset else {}
-        return self._request("GET", "/v1/jobs", params=params)
+        return self._list("GET", "/v1/jobs", params=params)
 
-    def job(self, job: str, *, wait_s: float = 0) -> dict:
+    def job(self, job: str, *, wait_s: float = 0) -> dict[str, Any]:
         """The job; with ``wait_s`` a long-poll that returns as soon as a suspended job is
         promoted (or after ``wait_s``), renewing its lease."""
-        return self._request(
+        return self._object(
             "GET", f"/v1/jobs/{job}", params={"wait": wait_s}, timeout=self.timeout + wait_s
         )
 
-    def renew_job(self, job: str) -> dict:
-        return self._request("POST", f"/v1/jobs/{job}/heartbeat")
+    def renew_job(self, job: str) -> dict[str, Any]:
+        return self._object("POST", f"/v1/jobs/{job}/heartbeat")
 
-    def release_job(self, job: str) -> dict:
-        return self._request("DELETE", f"/v1/jobs/{job}")
+    def release_job(self, job: str) -> dict[str, Any]:
+        return self._object("DELETE", f"/v1/jobs/{job}")
 
     def scale(
-        self, dataset: str, copy: str, *, add: list[str] = (), remove: list[str] = ()
-    ) -> dict:
+        self, dataset: str, copy: str, *, add: Sequence[str] = (), remove: Sequence[str] = ()
+    ) -> dict[str, Any]:
         body = {"add": list(add), "remove": list(remove)}
-        return self._request("POST", f"/v1/datasets/{dataset}/copies/{copy}/scale", json=body)
+        return self._object("POST", f"/v1/datasets/{dataset}/copies/{copy}/scale", json=body)
 
-    def events(self, dataset: str | None = None, limit: int = 100) -> list[dict]:
+    def events(self, dataset: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         params = {"limit": limit, **({"dataset": dataset} if dataset else {})}
-        return self._request("GET", "/v1/events", params=params)
+        return self._list("GET", "/v1/events", params=params)

@@ -131,6 +131,7 @@ def run_demo(*, workdir: str, files: int, keep: bool, log_level: str = "INFO") -
         ]
     )
     client = ControlClient(state)
+    leave_running = False  # --keep, once the demo has passed
     try:
         for _ in range(300):
             if worker.poll() is not None:
@@ -192,10 +193,10 @@ def run_demo(*, workdir: str, files: int, keep: bool, log_level: str = "INFO") -
                 f"worker left running: ls {mount}/demo ; cachefs --state {state} status ; "
                 f"cachefs --state {state} down"
             )
-            worker = None
+            leave_running = True
         return 0
     finally:
-        if worker is not None:
+        if not leave_running:
             if client.is_running():
                 client.shutdown()
             try:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    Metric,
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -43,7 +44,8 @@ class Histogram:
         self.total += value
 
     def prometheus_buckets(self) -> list[tuple[str, float]]:
-        cumulative, out = 0, []
+        cumulative = 0
+        out: list[tuple[str, float]] = []
         for bound, n in zip((*self.bounds, float("inf")), self.bucket_counts, strict=True):
             cumulative += n
             out.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
@@ -165,11 +167,11 @@ class WorkerMetrics:
 
 
 class _WorkerCollector(Collector):
-    def __init__(self, metrics: WorkerMetrics, extra: Callable[[], Iterable]):
+    def __init__(self, metrics: WorkerMetrics, extra: Callable[[], Iterable[Metric]]):
         self._metrics = metrics
         self._extra = extra
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         m = self._metrics
         hits = CounterMetricFamily(
             "cachefs_block_hits", "Block reads served from the cache", labels=["tier"]
@@ -332,7 +334,7 @@ def _histogram_family(
 
 
 def make_registry(
-    metrics: WorkerMetrics, extra: Callable[[], Iterable] = lambda: ()
+    metrics: WorkerMetrics, extra: Callable[[], Iterable[Metric]] = lambda: ()
 ) -> CollectorRegistry:
     """A registry exporting ``metrics`` plus whatever ``extra()`` yields (gauges from the cache)."""
     registry = CollectorRegistry(auto_describe=False)

@@ -151,7 +151,7 @@ async def clear_left_mount(state_dir: str) -> str | None:
     directory's lock is free (its worker is gone)."""
     recorded = _recorded_mount(state_dir)
     entry = None if recorded is None else _visible_mount(recorded.path)
-    if entry is None or not recorded.matches(entry):
+    if recorded is None or entry is None or not recorded.matches(entry):
         forget_mount(state_dir)  # gone already (unmounted by hand, or a reboot)
         return None
     state = await _probe(recorded.path)
@@ -174,6 +174,8 @@ async def _clear(
     gone (its connection is then aborted first). ``report``: log what is done."""
     say = log.warning if report else log.debug
     if state == "silent":
+        # prepare_mountpoint clears a silent mount only when a worker recorded it.
+        assert recorded is not None, f"silent mount at {mountpoint} without a record"
         say(
             "the FUSE connection of %s (left by pid %d) is held open but not served: aborting it",
             mountpoint,

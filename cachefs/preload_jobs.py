@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypedDict
 
 from cachefs.errors import ConfigError
 from cachefs.protocol import SHARDS
@@ -55,8 +56,22 @@ class Selection:
             what += f", {self.bytes} bytes"
         return what
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "paths": list(self.paths)}
+
+
+class ShardReport(TypedDict):
+    """The latest cumulative report of one shard's owner, as a job keeps it (and stores it:
+    the coordinator's state and a single node's preloads.json hold these as JSON)."""
+
+    node: str  # the owner that reported it
+    objects: int  # planned for the shard
+    bytes: int
+    done_objects: int  # cached and verified so far
+    done_bytes: int
+    failed: dict[str, str]  # key -> reason, the first MAX_FAILURES_PER_SHARD
+    failed_count: int  # every failure, listed or not
+    complete: bool  # the owner has worked through every planned object (done or failed)
 
 
 @dataclass
@@ -69,9 +84,9 @@ class PreloadJob:
     state: str = "scheduled"
     started_at: float | None = None
     finished_at: float | None = None
-    shards: dict[int, dict] = field(default_factory=dict)  # shard -> latest owner report
+    shards: dict[int, ShardReport] = field(default_factory=dict)  # shard -> latest owner report
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "dataset": self.dataset,
@@ -85,7 +100,7 @@ class PreloadJob:
         }
 
     @classmethod
-    def from_json(cls, doc: dict) -> PreloadJob:
+    def from_json(cls, doc: dict[str, Any]) -> PreloadJob:
         return cls(
             id=doc["id"],
             dataset=doc["dataset"],
@@ -98,7 +113,7 @@ class PreloadJob:
             shards={int(shard): report for shard, report in doc["shards"].items()},
         )
 
-    def assignment(self) -> dict:
+    def assignment(self) -> dict[str, Any]:
         """What a worker needs to run its shards of the job."""
         return {
             "id": self.id,
@@ -107,10 +122,10 @@ class PreloadJob:
             "selection": self.selection.to_json(),
         }
 
-    def record(self, shard: int, node: str, report: dict) -> bool:
+    def record(self, shard: int, node: str, report: dict[str, Any]) -> bool:
         """Keep ``node``'s cumulative report for ``shard``; True if it changed anything."""
         failed = dict(list(report.get("failed", {}).items())[:MAX_FAILURES_PER_SHARD])
-        entry = {
+        entry: ShardReport = {
             "node": node,
             "objects": int(report.get("objects", 0)),
             "bytes": int(report.get("bytes", 0)),
@@ -125,7 +140,7 @@ class PreloadJob:
         self.shards[shard] = entry
         return True
 
-    def _current(self, owners: list[str | None]) -> dict[int, dict]:
+    def _current(self, owners: list[str | None]) -> dict[int, ShardReport]:
         """Reports that count: from each shard's current owner while the job runs; all of them
         once it is over (the owners then may have changed, the record stays)."""
         if self.state != "running":
@@ -151,7 +166,7 @@ class PreloadJob:
         self.finished_at = now
         return True
 
-    def progress(self, owners: list[str | None], now: float) -> dict:
+    def progress(self, owners: list[str | None], now: float) -> dict[str, Any]:
         reports = self._current(owners)
         total_objects = sum(r["objects"] for r in reports.values())
         total_bytes = sum(r["bytes"] for r in reports.values())

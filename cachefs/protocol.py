@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 import xxhash
 
@@ -55,13 +56,13 @@ class DatasetSpec:
     slot: int = 0  # inode-space slot under the mount (never reused while the state dir lives)
     generation: int = 0  # snapshot generation currently served
     created_at: float = 0.0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> DatasetSpec:
+    def from_json(cls, data: dict[str, Any]) -> DatasetSpec:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:

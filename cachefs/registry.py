@@ -19,7 +19,7 @@ _MAX_SLOT = (1 << 15) - 1
 
 
 class Registry:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         os.makedirs(path, mode=0o700, exist_ok=True)
         self._env = lmdb.open(str(path), map_size=64 << 20, max_dbs=2, subdir=True)
         self._datasets = self._env.open_db(b"datasets")

@@ -27,11 +27,15 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cachefs.client import ControlClient, ControlError, CoordinatorClient
 from cachefs.units import format_size
+
+if TYPE_CHECKING:  # rich is imported where it draws: `cachefs stats --json` never loads it
+    from rich.console import Console, Group
 
 #: The default time between two samples, in seconds (`cachefs stats --interval`).
 DEFAULT_INTERVAL_S = 1.0
@@ -152,7 +156,9 @@ class ClusterSource:
         return Sample(self.scope, f"cluster {self.client.url}", nodes, preloads, [])
 
 
-def _preload_jobs(client: ControlClient | CoordinatorClient, datasets: list[str]) -> list[dict]:
+def _preload_jobs(
+    client: ControlClient | CoordinatorClient, datasets: list[str]
+) -> list[dict[str, Any]]:
     """The latest preload job of each dataset that has one (the fields the view shows)."""
     jobs = []
     for name in datasets:
@@ -211,7 +217,9 @@ def _deltas(older: NodeSample | None, newer: NodeSample) -> _Deltas | None:
     if older is None or older.sampled_at is None or newer.sampled_at is None:
         return None
     seconds = newer.sampled_at - older.sampled_at
-    counters = {name: n - older.counters.get(name, 0) for name, n in newer.counters.items()}
+    counters: dict[str, float] = {
+        name: n - older.counters.get(name, 0) for name, n in newer.counters.items()
+    }
     if seconds <= 0 or any(n < 0 for n in counters.values()):
         return None
     latency = {}
@@ -256,7 +264,9 @@ def _latency_view(deltas: _Deltas | None) -> dict[str, dict[str, Any]]:
     return view
 
 
-def _node_view(name: str, state: str, counters: dict[str, int], deltas: _Deltas | None) -> dict:
+def _node_view(
+    name: str, state: str, counters: dict[str, int], deltas: _Deltas | None
+) -> dict[str, Any]:
     totals = {
         "files_read": counters.get("files_read", 0),
         "bytes_read": counters.get("bytes_read", 0),
@@ -311,7 +321,9 @@ def _summed(parts: list[_Deltas]) -> _Deltas | None:
 
 def view_of(sample: Sample, tracker: Tracker, interval_s: float) -> dict[str, Any]:
     """What is shown, as the JSON document `cachefs stats --json` prints."""
-    nodes, parts, summed_counters = [], [], {}
+    nodes: list[dict[str, Any]] = []
+    parts: list[_Deltas] = []
+    summed_counters: dict[str, int] = {}
     for node in sample.nodes:
         older, newer = tracker.pair(node.node)
         deltas = _deltas(older, newer)
@@ -363,7 +375,7 @@ def _seconds_text(value: float | None) -> str:
     return f"{value:.2f} s"
 
 
-def _shown_rates(view: dict) -> list[tuple[str, str, str]]:
+def _shown_rates(view: dict[str, Any]) -> list[tuple[str, str, str]]:
     """The rate columns: every node's, the optional ones when some node reports them."""
     return [entry for entry in RATES if entry[1] in view["total"]["rates"]]
 
@@ -377,7 +389,7 @@ _REQUEST_TOTALS = (
 )
 
 
-def _total_counters(view: dict, row: dict) -> list[tuple[str, str]]:
+def _total_counters(view: dict[str, Any], row: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) of a row's totals since the start, in the order shown: the optional
     counters when some node reports them ("-" for a node that does not)."""
     totals = row["totals"]
@@ -390,7 +402,7 @@ def _total_counters(view: dict, row: dict) -> list[tuple[str, str]]:
     return shown
 
 
-def _preload_text(job: dict) -> str:
+def _preload_text(job: dict[str, Any]) -> str:
     total, done = job["bytes"] or 0, job["bytes_done"] or 0
     fraction = done / total if total else (1.0 if job["planned"] else 0.0)
     eta = f"  ETA {job['eta_s']:.0f}s" if job.get("eta_s") is not None else ""
@@ -401,7 +413,7 @@ def _preload_text(job: dict) -> str:
     )
 
 
-def plain_lines(view: dict) -> list[str]:
+def plain_lines(view: dict[str, Any]) -> list[str]:
     """The view as plain lines (stdout is not a terminal): one per node, the total in a
     cluster, one per preload job."""
     stamp = time.strftime("%H:%M:%S", time.localtime(view["at"]))
@@ -432,7 +444,7 @@ def plain_lines(view: dict) -> list[str]:
     return lines
 
 
-def render(view: dict):
+def render(view: dict[str, Any]) -> Group:
     """The view as rich renderables (a terminal)."""
     from rich.console import Group
     from rich.progress_bar import ProgressBar
@@ -459,7 +471,7 @@ def render(view: dict):
     for name, _ in PERCENTILES:
         now.add_column(f"FUSE {name.upper()}", justify="right")
 
-    def add_now(row: dict, *, end_section: bool = False) -> None:
+    def add_now(row: dict[str, Any], *, end_section: bool = False) -> None:
         latency = row["fuse_latency_s"].get("all", {})
         node = row["node"] + (" (down)" if row["state"] == "down" else "")
         now.add_row(
@@ -522,7 +534,7 @@ def _sleep_until(at: float) -> None:
     time.sleep(max(0.0, at - time.monotonic()))
 
 
-def run_once(source: Source, interval_s: float) -> dict:
+def run_once(source: Source, interval_s: float) -> dict[str, Any]:
     """Two samples one interval apart (in a cluster, until every live node has reported
     again, at most :data:`ONCE_WAIT_S`): the view of the second."""
     tracker = Tracker()
@@ -564,7 +576,7 @@ def run(source: Source, *, interval_s: float, once: bool, json_output: bool) -> 
             print("\n".join(plain_lines(view)), flush=True)
 
 
-def _views(source: Source, tracker: Tracker, interval_s: float):
+def _views(source: Source, tracker: Tracker, interval_s: float) -> Iterator[dict[str, Any]]:
     """A view every interval, forever (the first one has no rates yet)."""
     next_at = time.monotonic()
     while True:
@@ -577,7 +589,7 @@ def _views(source: Source, tracker: Tracker, interval_s: float):
         _sleep_until(next_at)
 
 
-def _console():
+def _console() -> Console:
     from rich.console import Console
 
     return Console(highlight=False)

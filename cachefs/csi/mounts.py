@@ -38,7 +38,7 @@ class MountFailed(OSError):
     """A mount(2) or umount2(2) call failed; ``errno`` says why, ``str()`` is one line."""
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or super().__str__()
 
 
 def _check(result: int, what: str) -> None:

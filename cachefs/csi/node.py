@@ -40,8 +40,9 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import grpc
 from google.protobuf.wrappers_pb2 import BoolValue
@@ -105,11 +106,18 @@ def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"unexpected error: {type(exc).__name__}: {exc}"
 
 
-def _answered(method):
+_Service = TypeVar("_Service")
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+
+
+def _answered(
+    method: Callable[[_Service, _Request, grpc.ServicerContext], _Response],
+) -> Callable[[_Service, _Request, grpc.ServicerContext], _Response]:
     """Run an RPC; any failure becomes an aborted call with its status and one-line reason."""
 
     @functools.wraps(method)
-    def call(self, request, context: grpc.ServicerContext):
+    def call(self: _Service, request: _Request, context: grpc.ServicerContext) -> _Response:
         try:
             return method(self, request, context)
         except Exception as exc:
@@ -117,22 +125,29 @@ def _answered(method):
         message = one_line(message)
         log.warning("%s refused (%s): %s", method.__name__, code.name, message)
         context.abort(code, message)
+        raise AssertionError("grpc's ServicerContext.abort always raises")
 
     return call
 
 
 class IdentityService(csi_pb2_grpc.IdentityServicer):
     @_answered
-    def GetPluginInfo(self, request, context):
+    def GetPluginInfo(
+        self, request: csi_pb2.GetPluginInfoRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetPluginInfoResponse:
         return csi_pb2.GetPluginInfoResponse(name=DRIVER_NAME, vendor_version=__version__)
 
     @_answered
-    def GetPluginCapabilities(self, request, context):
+    def GetPluginCapabilities(
+        self, request: csi_pb2.GetPluginCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetPluginCapabilitiesResponse:
         # No CONTROLLER_SERVICE: volumes are provisioned statically and need no attach.
         return csi_pb2.GetPluginCapabilitiesResponse(capabilities=[])
 
     @_answered
-    def Probe(self, request, context):
+    def Probe(
+        self, request: csi_pb2.ProbeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ProbeResponse:
         return csi_pb2.ProbeResponse(ready=BoolValue(value=True))  # why always: module doc
 
 
@@ -149,16 +164,22 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         self._busy: set[str] = set()  # target paths with a call in progress
 
     @_answered
-    def NodeGetInfo(self, request, context):
+    def NodeGetInfo(
+        self, request: csi_pb2.NodeGetInfoRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetInfoResponse:
         return csi_pb2.NodeGetInfoResponse(node_id=self.node)
 
     @_answered
-    def NodeGetCapabilities(self, request, context):
+    def NodeGetCapabilities(
+        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
         # None: no stage step (a bind mount needs none), no volume stats, no expansion.
         return csi_pb2.NodeGetCapabilitiesResponse(capabilities=[])
 
     @_answered
-    def NodePublishVolume(self, request, context):
+    def NodePublishVolume(
+        self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodePublishVolumeResponse:
         _required(request.volume_id, "volume_id")
         target = self._target_path(request.target_path)
         _check_capability(request)
@@ -194,7 +215,9 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         return csi_pb2.NodePublishVolumeResponse()
 
     @_answered
-    def NodeUnpublishVolume(self, request, context):
+    def NodeUnpublishVolume(
+        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
         _required(request.volume_id, "volume_id")
         target = self._target_path(request.target_path)
         with self._exclusive(target):
@@ -281,7 +304,7 @@ def _required(value: str, name: str) -> None:
         raise _invalid(f"{name} is required")
 
 
-def _check_capability(request) -> None:
+def _check_capability(request: csi_pb2.NodePublishVolumeRequest) -> None:
     if not request.HasField("volume_capability"):
         raise _invalid("volume_capability is required")
     capability = request.volume_capability
@@ -310,7 +333,7 @@ def _check_capability(request) -> None:
         )
 
 
-def _dataset_of(request) -> str:
+def _dataset_of(request: csi_pb2.NodePublishVolumeRequest) -> str:
     """The dataset the volume names: its ``dataset`` attribute, else its volume id (a
     PersistentVolume's ``volumeHandle``; an inline volume's id is made up by the kubelet)."""
     attributes = request.volume_context

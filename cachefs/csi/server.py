@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import FrameType
 
 import grpc
 
@@ -104,7 +105,7 @@ def run_until_signalled(config: PluginConfig, banner: str) -> None:
     ``banner`` goes to stderr once the socket answers."""
     stop = threading.Event()
 
-    def on_signal(signum, frame) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("%s: stopping", signal.Signals(signum).name)
         stop.set()
 

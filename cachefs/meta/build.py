@@ -38,7 +38,7 @@ import os
 import shutil
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import lmdb
@@ -172,13 +172,13 @@ class _Table:
     and use append mode while keys keep rising (no B-tree search, pages filled completely)."""
 
     __slots__ = ("cursor", "db", "max_key")
+    cursor: lmdb.Cursor[bytes]  # set by bind(), before the first put
 
     def __init__(self, db: lmdb._Database) -> None:
         self.db = db
-        self.cursor: lmdb.Cursor | None = None
         self.max_key = b""  # >= the largest key in the DB (deletes do not lower it)
 
-    def bind(self, txn: lmdb.Transaction) -> None:
+    def bind(self, txn: lmdb.Transaction[bytes]) -> None:
         self.cursor = txn.cursor(db=self.db)
 
     def put(self, key: bytes, value: bytes, *, overwrite: bool = True) -> bool:
@@ -190,15 +190,20 @@ class _Table:
 
 
 class _Builder:
+    # The write transaction: opened by _begin_write() (build() starts with it), committed and
+    # replaced every _BATCH_ENTRIES writes, deleted when _finish() has committed the last one.
+    _txn: lmdb.Transaction[bytes]
+
     def __init__(self, dest: str, previous: Snapshot | None) -> None:
         self._dest = dest
         self._started = time.perf_counter()
         self._snapshot_ns = time.time_ns()
-        self._prev_txn: lmdb.Transaction | None = None
+        self._prev_txn: lmdb.Transaction[bytes] | None = None
         self._prev_next_ino = ROOT + 1
         # Inodes at or above this go to the staging DB (see _inodes_for).
         self._staged_from = MAX_INO
-        self._prev_upgrade = None  # turns an older-format previous's records into ours
+        # Turns an older-format previous's records into ours (None: previous is current).
+        self._prev_upgrade: Callable[[bytes], bytes] | None = None
         if previous is not None:
             # previous is immutable: one read transaction serves the whole build. Its keys are
             # looked up in nearly ascending order, so cursors (which search the current page
@@ -218,7 +223,6 @@ class _Builder:
         self._staged = _Table(self._env.open_db(_STAGED_DB))
         self._dirents = _Table(self._env.open_db(DIRENTS_DB))
         self._meta = self._env.open_db(META_DB)
-        self._txn: lmdb.Transaction | None = None
         self._pending_writes = 0
 
         self._stack: list[_DirFrame] = []
@@ -265,6 +269,11 @@ class _Builder:
             if reason is not None:
                 self._skip(reason, key)
                 return
+            if info.uid is None or info.gid is None:
+                raise SnapshotError(
+                    f"building snapshot at {self._dest!r}: object {_sample(key)} has a mode "
+                    "but no owner (a listing that records one records both)"
+                )
             owner = Owner(info.mode & 0o7777, info.uid, info.gid)
         if not key and info.size == 0:
             # The dataset prefix's own directory marker: that is the root.
@@ -453,6 +462,11 @@ class _Builder:
     def _prev_record(self, ino_key: bytes) -> bytes:
         """The previous snapshot's record of an inode it has, in the current format."""
         record = self._prev_inodes.get(ino_key)
+        if record is None:
+            raise SnapshotError(
+                f"the previous snapshot of {self._dest!r} is damaged: inode "
+                f"{INO.unpack(ino_key)[0]} has a directory entry but no record"
+            )
         return record if self._prev_upgrade is None else self._prev_upgrade(record)
 
     def _inodes_for(self, ino: int) -> _Table:
@@ -466,7 +480,11 @@ class _Builder:
         return self._staged if ino >= self._staged_from else self._inodes
 
     def _read_entry(self, ino: int) -> Entry:
-        return unpack_entry(ino, self._txn.get(INO.pack(ino), db=self._inodes_for(ino).db))
+        """An entry this build wrote (its directory entry points at it)."""
+        record = self._txn.get(INO.pack(ino), db=self._inodes_for(ino).db)
+        if record is None:
+            raise SnapshotError(f"building snapshot at {self._dest!r}: inode {ino} was not written")
+        return unpack_entry(ino, record)
 
     def _begin_write(self) -> None:
         self._txn = self._env.begin(write=True)
@@ -488,7 +506,7 @@ class _Builder:
         self._write_dir(self._stack[0])
         self._txn.commit()
         self._move_staged()
-        self._txn = None
+        del self._txn
 
         changed = self._surviving_changed()
         removed = self._find_removed()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MemberDescriptorType
 from typing import NamedTuple
 
 ROOT = 1  # inode of the dataset's root directory (ROOT's parent is ROOT)
@@ -114,16 +115,26 @@ RECORD_UPGRADES: dict[bytes, Callable[[bytes], bytes] | None] = {
 # slots directly through their descriptors builds the same Entry in half the time. Every field
 # is set below (in both branches): an Entry field added without a line here would be unset.
 _new_entry = object.__new__
-_set_ino = Entry.ino.__set__
-_set_parent = Entry.parent.__set__
-_set_name = Entry.name.__set__
-_set_is_dir = Entry.is_dir.__set__
-_set_size = Entry.size.__set__
-_set_mtime_ns = Entry.mtime_ns.__set__
-_set_etag = Entry.etag.__set__
-_set_key = Entry.key.__set__
-_set_nlink = Entry.nlink.__set__
-_set_owner = Entry.owner.__set__
+
+
+def _slot_setter(field: str) -> Callable[[Entry, object], None]:
+    """The ``__set__`` of Entry's slot ``field`` (the class attribute is the slot's descriptor
+    at run time; type checkers see the field's type there, so it is looked up in the class dict)."""
+    slot = vars(Entry)[field]
+    assert isinstance(slot, MemberDescriptorType), field
+    return slot.__set__
+
+
+_set_ino = _slot_setter("ino")
+_set_parent = _slot_setter("parent")
+_set_name = _slot_setter("name")
+_set_is_dir = _slot_setter("is_dir")
+_set_size = _slot_setter("size")
+_set_mtime_ns = _slot_setter("mtime_ns")
+_set_etag = _slot_setter("etag")
+_set_key = _slot_setter("key")
+_set_nlink = _slot_setter("nlink")
+_set_owner = _slot_setter("owner")
 
 
 def unpack_entry(ino: int, record: bytes) -> Entry:

@@ -24,13 +24,15 @@ that is what makes the choices below safe:
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from enum import Enum
+from typing import Final, TypeVar
 
 import lmdb
 
@@ -68,7 +70,15 @@ _READDIR_MAX_CHUNK = 1024
 _MAX_KEY_INO = (1 << 64) - 1
 #: ``lookup`` answers a Snapshot remembers (~400 bytes each).
 LOOKUPS_KEPT = 4096
-_NOT_KEPT = object()
+
+
+class _Missing(Enum):
+    """What a table holds for a question not asked before (None is a kept answer)."""
+
+    NOT_KEPT = "not kept"
+
+
+_NOT_KEPT: Final = _Missing.NOT_KEPT
 
 
 class SnapshotError(CachefsError):
@@ -86,11 +96,12 @@ class SnapshotStats:
     built_at: float  # unix time
     build_seconds: float
 
-    def to_json(self) -> bytes:
+    # The field ``bytes`` shadows the type in this class's scope: the methods name builtins'.
+    def to_json(self) -> builtins.bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> SnapshotStats:
+    def from_json(cls, data: builtins.bytes) -> SnapshotStats:
         return cls(**json.loads(data))
 
 
@@ -171,7 +182,7 @@ class Snapshot:
         env = self._live_env()
         with env.begin(db=self._inodes) as txn:
             if not path:
-                return self._unpack(ROOT, txn.get(INO.pack(ROOT)))
+                return self._stored_entry(txn, INO.pack(ROOT))
             entry = None
             parent_key = INO.pack(ROOT)
             for part in path.split("/"):
@@ -192,7 +203,7 @@ class Snapshot:
         with env.begin(db=self._inodes) as txn:
             for path in paths:
                 if not path:
-                    entries.append(self._unpack(ROOT, txn.get(root_key)))
+                    entries.append(self._stored_entry(txn, root_key))
                     continue
                 parent_key, name = self._parent_key(txn, dir_keys, path)
                 entries.append(
@@ -259,7 +270,7 @@ class Snapshot:
         return env
 
     def _dir_key(
-        self, txn: lmdb.Transaction, dir_keys: dict[str, bytes | None], path: str
+        self, txn: lmdb.Transaction[bytes], dir_keys: dict[str, bytes | None], path: str
     ) -> bytes | None:
         """The inode key of directory ``path`` (None if it is not one), remembered in
         ``dir_keys``. A method, not a closure: a recursive closure is a reference cycle that
@@ -273,7 +284,7 @@ class Snapshot:
         return key
 
     def _parent_key(
-        self, txn: lmdb.Transaction, dir_keys: dict[str, bytes | None], path: str
+        self, txn: lmdb.Transaction[bytes], dir_keys: dict[str, bytes | None], path: str
     ) -> tuple[bytes | None, str]:
         """The inode key of the directory holding ``path`` (a non-empty path), and the last
         component. ``"/a"`` has an empty first component: no parent, as :meth:`resolve` says."""
@@ -282,7 +293,9 @@ class Snapshot:
             return None, name
         return self._dir_key(txn, dir_keys, parent), name
 
-    def _lookup_part(self, txn: lmdb.Transaction, parent_key: bytes, part: str) -> Entry | None:
+    def _lookup_part(
+        self, txn: lmdb.Transaction[bytes], parent_key: bytes, part: str
+    ) -> Entry | None:
         """One path component under ``parent_key`` (None if not a valid name, or missing)."""
         try:
             name = part.encode("utf-8")
@@ -292,11 +305,27 @@ class Snapshot:
             return None
         return self._lookup_in(txn, parent_key, name)
 
-    def _lookup_in(self, txn: lmdb.Transaction, parent_key: bytes, name: bytes) -> Entry | None:
+    def _lookup_in(
+        self, txn: lmdb.Transaction[bytes], parent_key: bytes, name: bytes
+    ) -> Entry | None:
         child_key = txn.get(parent_key + name, db=self._dirents)
         if child_key is None:
             return None
-        return self._unpack(INO.unpack(child_key)[0], txn.get(child_key))
+        return self._stored_entry(txn, child_key)
+
+    def _stored_entry(self, txn: lmdb.Transaction[bytes], ino_key: bytes) -> Entry:
+        """The entry of an inode the snapshot names (the root, a directory entry's child)."""
+        record = txn.get(ino_key)
+        if record is None:
+            raise self._damaged(ino_key)
+        return self._unpack(INO.unpack(ino_key)[0], record)
+
+    def _damaged(self, ino_key: bytes) -> SnapshotError:
+        """A complete snapshot holds the record of every inode it names; this one does not."""
+        return SnapshotError(
+            f"snapshot at {self.path!r} is damaged: inode {INO.unpack(ino_key)[0]} has no "
+            "record; delete it and build a new one"
+        )
 
     def _iter_children(
         self, env: lmdb.Environment, ino: int, after: int, decode: Callable[[bytes, int, bytes], T]
@@ -352,7 +381,10 @@ class Snapshot:
                 if not dirent_key.startswith(prefix) or len(children) == limit:
                     break
                 name = dirent_key[cut:]
-                children.append(decode(name, unpack_ino(child_key)[0], get(child_key)))
+                record = get(child_key)
+                if record is None:
+                    raise self._damaged(child_key)
+                children.append(decode(name, unpack_ino(child_key)[0], record))
         return children, name
 
 
