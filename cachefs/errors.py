@@ -152,6 +152,15 @@ class BadFileHandle(FsError):
     pass
 
 
+class NotSupported(FsError):
+    """An operation the mount does not implement: extended attributes, and OPEN in no-open
+    mode (cachefs/fs/fuse_ops.py). The kernel remembers the answer and stops asking."""
+
+
+class NotASymlink(FsError):
+    """readlink of an entry that is not a symbolic link (the mount has none)."""
+
+
 # --- cache ----------------------------------------------------------------------------------
 
 

@@ -1,9 +1,12 @@
 """Thin pyfuse3 adapter over ``cachefs.fs.core`` — and the only place that maps errors to errno.
 
 Each handler converts arguments, calls the core, converts the result. Every error reaching the
-kernel passes through :func:`_errno_of`. Per-request cost is the budget to beat (DESIGN.md:
-~100 µs per request in pyfuse3), so handlers do no logging on success and no allocation beyond
-the reply.
+kernel, the fixed answers of the operations a read-only mount refuses included, is a cachefs
+error that passes through :data:`ERRNO_BY_ERROR` (:meth:`FuseOperations._fail`, which also
+counts it in ``cachefs_fuse_errors_total``). Per-request cost is the budget to beat: a request
+that reaches Python costs ~90-190 µs of worker CPU, a third of it cachefs's own code
+(bench/README.md, "Where the time goes"), so handlers do no logging on success and no
+allocation beyond the reply.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Sequence
+from typing import Any, NoReturn, Protocol, cast
 
 import pyfuse3
 
@@ -22,6 +27,8 @@ from cachefs.errors import (
     ConfigError,
     IsADirectory,
     NotADirectory,
+    NotASymlink,
+    NotSupported,
     PathNotFound,
     ReadOnly,
     StoreError,
@@ -42,19 +49,24 @@ UNLISTED_REMEMBERED = 4096
 #: above this is an inode (no-open mode).
 INODE_FH_THRESHOLD = 1 << SLOT_SHIFT
 
-_ERRNO_BY_TYPE: list[tuple[type[Exception], int]] = [
+#: The one mapping of errors to the errno the kernel gets. Anything else is EIO, logged.
+ERRNO_BY_ERROR: tuple[tuple[type[CachefsError], int], ...] = (
     (PathNotFound, errno.ENOENT),
-    (ReadOnly, errno.EROFS),
+    (ReadOnly, errno.EROFS),  # every write operation, and access() asking for write
     (NotADirectory, errno.ENOTDIR),
     (IsADirectory, errno.EISDIR),
     (BadFileHandle, errno.EBADF),
-]
+    # Extended attributes, and OPEN in no-open mode: the kernel remembers ENOSYS and stops
+    # sending the operation (for xattrs ENOATTR would bring every `ls -l` back to Python).
+    (NotSupported, errno.ENOSYS),
+    (NotASymlink, errno.EINVAL),  # readlink: the mount has no symbolic links
+)
 
 
 def _errno_of(exc: Exception, op: str) -> int:
     """The errno for an exception. Anything unexpected is EIO with one log line that names the
     dataset, key and cause (StoreError messages carry them)."""
-    for exc_type, code in _ERRNO_BY_TYPE:
+    for exc_type, code in ERRNO_BY_ERROR:
         if isinstance(exc, exc_type):
             return code
     if isinstance(exc, StoreError | CachefsError):
@@ -138,7 +150,12 @@ class FuseOperations(pyfuse3.Operations):
 
     # --- namespace ---------------------------------------------------------------------------
 
-    async def lookup(self, parent_inode, name, ctx=None):
+    async def lookup(
+        self,
+        parent_inode: pyfuse3.InodeT,
+        name: pyfuse3.FileNameT,
+        ctx: pyfuse3.RequestContext | None = None,
+    ) -> pyfuse3.EntryAttributes:
         began = time.perf_counter()
         try:
             entry = self._entry(self.fs.lookup(parent_inode, name))
@@ -151,7 +168,9 @@ class FuseOperations(pyfuse3.Operations):
             self.native_lookups.register_dentry(parent_inode, name, entry)
         return entry
 
-    async def getattr(self, inode, ctx=None):
+    async def getattr(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext | None = None
+    ) -> pyfuse3.EntryAttributes:
         began = time.perf_counter()
         try:
             return self._entry(self.fs.getattr(inode))
@@ -160,10 +179,12 @@ class FuseOperations(pyfuse3.Operations):
         finally:
             self._getattr_latency.observe(time.perf_counter() - began)
 
-    async def forget(self, inode_list):
+    async def forget(self, inode_list: Sequence[tuple[pyfuse3.InodeT, int]]) -> None:
         return  # inodes are derived from the snapshot: nothing to free
 
-    async def opendir(self, inode, ctx):
+    async def opendir(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileHandleT:
         try:
             self.fs.check_directory(inode)
         except Exception as exc:
@@ -190,7 +211,9 @@ class FuseOperations(pyfuse3.Operations):
             return False
         return True
 
-    async def readdir(self, fh, start_id, token):
+    async def readdir(
+        self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
+    ) -> None:
         began = time.perf_counter()
         try:
             for name, attr, next_id in self.fs.readdir(fh, start_id):
@@ -201,10 +224,10 @@ class FuseOperations(pyfuse3.Operations):
         finally:
             self._readdir_latency.observe(time.perf_counter() - began)
 
-    async def releasedir(self, fh):
+    async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
         return
 
-    async def statfs(self, ctx):
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         total_bytes, total_files = self.fs.totals()
         stats = pyfuse3.StatvfsData()
         stats.f_bsize = 1 << 17
@@ -219,20 +242,28 @@ class FuseOperations(pyfuse3.Operations):
     # No extended attributes. ENOSYS, not ENOATTR: the kernel remembers ENOSYS for the whole
     # mount and answers every later getxattr/listxattr itself ("not supported"), where ENOATTR
     # would bring each `ls -l` (security.selinux, system.posix_acl_access) back to Python.
-    async def getxattr(self, inode, name, ctx):
-        raise pyfuse3.FUSEError(errno.ENOSYS)
+    async def getxattr(
+        self, inode: pyfuse3.InodeT, name: pyfuse3.XAttrNameT, ctx: pyfuse3.RequestContext
+    ) -> bytes:
+        raise self._fail(NotSupported("the mount has no extended attributes"), "getxattr")
 
-    async def listxattr(self, inode, ctx):
-        raise pyfuse3.FUSEError(errno.ENOSYS)
+    async def listxattr(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
+    ) -> Sequence[pyfuse3.XAttrNameT]:
+        raise self._fail(NotSupported("the mount has no extended attributes"), "listxattr")
 
-    async def access(self, inode, mode, ctx):
+    async def access(
+        self, inode: pyfuse3.InodeT, mode: pyfuse3.ModeT, ctx: pyfuse3.RequestContext
+    ) -> bool:
         if mode & os.W_OK:
-            raise pyfuse3.FUSEError(errno.EROFS)
+            raise self._fail(ReadOnly("the mount is read-only"), "access")
         return True
 
     # --- files -------------------------------------------------------------------------------
 
-    async def open(self, inode, flags, ctx):
+    async def open(
+        self, inode: pyfuse3.InodeT, flags: pyfuse3.FlagT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileInfo:
         began = time.perf_counter()
         try:
             fh = self.fs.open(inode, flags)
@@ -242,11 +273,12 @@ class FuseOperations(pyfuse3.Operations):
             self._open_latency.observe(time.perf_counter() - began)
         if self.no_open:
             self.fs.release(fh)
-            raise pyfuse3.FUSEError(errno.ENOSYS)  # the kernel's cue to stop sending OPEN
+            # The kernel's cue to stop sending OPEN (and RELEASE) for the whole mount.
+            raise self._fail(NotSupported("no-open mode"), "open")
         # keep_cache: the page cache survives close(), so later epochs never reach Python.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
 
-    async def read(self, fh, off, size):
+    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
         began = time.perf_counter()
         if off == 0:  # a file's first bytes: the kernel's first READ of it (files/s)
             self.metrics.files_read += 1
@@ -262,14 +294,13 @@ class FuseOperations(pyfuse3.Operations):
     # No flush(): pyfuse3's default answers ENOSYS, after which the kernel stops sending FLUSH
     # on every close() — one fewer trip into Python per file (nothing to flush read-only).
 
-    async def release(self, fh):
+    async def release(self, fh: pyfuse3.FileHandleT) -> None:
         self.fs.release(fh)
 
     # --- every write path: read-only -----------------------------------------------------------
 
-    async def _read_only(self, *args, **kwargs):
-        self.metrics.fuse_errors["EROFS"] = self.metrics.fuse_errors.get("EROFS", 0) + 1
-        raise pyfuse3.FUSEError(errno.EROFS)
+    async def _read_only(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise self._fail(ReadOnly("the mount is read-only"), "write")
 
     setattr = _read_only
     mknod = _read_only
@@ -286,8 +317,10 @@ class FuseOperations(pyfuse3.Operations):
     fsync = _read_only
     fsyncdir = _read_only
 
-    async def readlink(self, inode, ctx):
-        raise pyfuse3.FUSEError(errno.EINVAL)  # there are no symlinks
+    async def readlink(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileNameT:
+        raise self._fail(NotASymlink("the mount has no symbolic links"), "readlink")
 
 
 # default_permissions: the kernel checks every access against the owner and mode bits getattr
@@ -309,37 +342,80 @@ def mount_options(*, allow_other: bool) -> set[str]:
     return options
 
 
+class _CachefsPatch(Protocol):
+    """What cachefs's patch adds to pyfuse3 (third_party/pyfuse3/cachefs_fast_read.pxi):
+    pyfuse3's own type stubs do not list it. Call it only where FAST_READ_SUPPORTED."""
+
+    def fast_read_configure(self, chunk_size: int, max_blocks: int, max_dentries: int) -> None: ...
+    def fast_lookup_register(
+        self, parent: int, name: bytes, entry: pyfuse3.EntryAttributes
+    ) -> bool: ...
+    def fast_read_register(
+        self,
+        ino: int,
+        index: int,
+        block_size: int,
+        file_size: int,
+        file_id: int,
+        path: bytes,
+        length: int,
+        chunk_sums: bytes,
+    ) -> bool: ...
+    def fast_read_forget_file(self, file_id: int) -> None: ...
+    def fast_listing_configure(
+        self, max_bytes: int, entry_timeout: float, attr_timeout: float
+    ) -> None: ...
+    def fast_listing_register(self, dir_inode: int, packed: bytes, count: int) -> bool: ...
+    def fast_read_forget_inodes(self, lo: int, hi: int) -> None: ...
+    def fast_read_clear(self) -> None: ...
+    def cache_listings(self, on: bool) -> None: ...
+    def fast_read_stats(self) -> dict[str, int]: ...
+
+
+_patched = cast(_CachefsPatch, pyfuse3)
+
+
 class _PyfuseNativeReadTable:
     """The patched pyfuse3's fast-read table (cachefs_fast_read.c) as a NativeReadTable."""
 
     def configure(self, chunk_size: int, max_blocks: int, max_names: int) -> None:
-        pyfuse3.fast_read_configure(chunk_size, max_blocks, max_names)
+        _patched.fast_read_configure(chunk_size, max_blocks, max_names)
 
     def register_dentry(self, parent: int, name: bytes, entry: pyfuse3.EntryAttributes) -> bool:
-        return pyfuse3.fast_lookup_register(parent, name, entry)
+        return _patched.fast_lookup_register(parent, name, entry)
 
-    def register(self, ino, index, block_size, file_size, file_id, path, length, chunk_checksums):
-        return pyfuse3.fast_read_register(
+    def register(
+        self,
+        ino: int,
+        index: int,
+        block_size: int,
+        file_size: int,
+        file_id: int,
+        path: bytes,
+        length: int,
+        chunk_checksums: bytes,
+    ) -> bool:
+        return _patched.fast_read_register(
             ino, index, block_size, file_size, file_id, path, length, chunk_checksums
         )
 
     def forget_file(self, file_id: int) -> None:
-        pyfuse3.fast_read_forget_file(file_id)
+        _patched.fast_read_forget_file(file_id)
 
     def configure_listings(self, max_bytes: int, entry_timeout: float, attr_timeout: float) -> None:
-        pyfuse3.fast_listing_configure(max_bytes, entry_timeout, attr_timeout)
+        _patched.fast_listing_configure(max_bytes, entry_timeout, attr_timeout)
 
     def register_listing(self, dir_ino: int, packed: bytes, count: int) -> bool:
-        return pyfuse3.fast_listing_register(dir_ino, packed, count)
+        return _patched.fast_listing_register(dir_ino, packed, count)
 
     def forget_inodes(self, lo: int, hi: int) -> None:
-        pyfuse3.fast_read_forget_inodes(lo, hi)
+        _patched.fast_read_forget_inodes(lo, hi)
 
     def clear(self) -> None:
-        pyfuse3.fast_read_clear()
+        _patched.fast_read_clear()
 
     def stats(self) -> dict[str, int]:
-        return pyfuse3.fast_read_stats()
+        return _patched.fast_read_stats()
 
 
 def check_fast_read_possible(no_open: bool | None) -> None:
@@ -378,7 +454,7 @@ def mount(ops: FuseOperations, mountpoint: str, options: set[str]) -> None:
     # invalidates the directories whose entries changed (Worker._invalidate_changes): a warm
     # `ls -lR`/`find` stays in the kernel. Off (or stock pyfuse3): listings reach Python.
     if FAST_READ_SUPPORTED:
-        pyfuse3.cache_listings(ops.native_lookups is not None)
+        _patched.cache_listings(ops.native_lookups is not None)
     pyfuse3.init(ops, mountpoint, options)
 
 
