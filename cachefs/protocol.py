@@ -123,7 +123,8 @@ class CleanupPolicy:
 
 # --- the distributed cache: shards and their owners ----------------------------------------------
 
-SHARDS = 1024  # per dataset; the unit of placement and locality (DESIGN.md "Data model")
+# Per dataset; the unit of placement and locality (docs/architecture.md, "Who owns what").
+SHARDS = 1024
 
 
 def shard_owner(dataset: str, shard: int, nodes: list[str] | tuple[str, ...]) -> str | None:
