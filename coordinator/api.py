@@ -6,10 +6,11 @@ Every route but ``/healthz``, ``/metrics``, the spec and its docs needs ``Author
 test_api_fuzz.py): what a request's form alone decides is in it (request bodies are strict
 pydantic models, see :mod:`coordinator.json_types`), so a request it forbids is a 422 naming
 the field, and one it allows is served or refused for the cluster's state: 404 (no such dataset,
-node, copy, job) or 409 (:mod:`coordinator.errors`), mapped in one place (:func:`_status_of`);
-an unavailable state store is a 503. A method a path does not serve is a 405 whose ``Allow``
-lists every method it does. Routes are plain ``def``: FastAPI runs them in threads, which is
-what the blocking :class:`~coordinator.cluster.Cluster` wants.
+node, copy, job) or 409, an unavailable state store 503, any other error 500: one mapping, in
+:mod:`coordinator.errors` (:func:`~coordinator.errors.http_status`), which documents it. A
+method a path does not serve is a 405 whose ``Allow`` lists every method it does. Routes are
+plain ``def``: FastAPI runs them in threads, which is what the blocking
+:class:`~coordinator.service.Coordinator` wants.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -31,7 +32,7 @@ from pydantic import BaseModel, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from cachefs.errors import CachefsError, DatasetExists, DatasetNotFound
+from cachefs.errors import CachefsError, DatasetNotFound
 from cachefs.preload_jobs import Selection
 from cachefs.protocol import (
     DEFAULT_BLOCK_SIZE,
@@ -40,17 +41,16 @@ from cachefs.protocol import (
     DatasetSpec,
 )
 
-from .cluster import Cluster, NodeNotFound, PreloadNotFound
+from .cluster import Cluster
 from .docs import serve_docs_offline
-from .errors import CopyNotFound, NoPreloadJob, StateConflict
+from .errors import NoPreloadJob, PreloadNotFound, http_status
 from .extender import extender_router
-from .json_types import STRICT, STRICT_OPEN, JsonInt, json_int
-from .manager import CopyBusy, JobExists, JobNotFound
+from .json_types import STRICT, STRICT_OPEN, JsonDoc, JsonInt, json_int
 from .scheduling.http import placement_router
 from .scheduling.model import Dataset
 from .scheduling.queue_api import LiveLocality, schedule_router
 from .scheduling.sources import InMemorySource, parse_locality_document
-from .state import StateStoreError
+from .service import Coordinator
 
 # Module level: route signatures are resolved from this module's globals (postponed annotations).
 BearerCredentials = Annotated[
@@ -286,17 +286,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _status_of(exc: CachefsError) -> int:
-    not_found = DatasetNotFound | NodeNotFound | PreloadNotFound | JobNotFound | CopyNotFound
-    if isinstance(exc, not_found):
-        return 404
-    if isinstance(exc, DatasetExists | JobExists | CopyBusy | StateConflict | NoPreloadJob):
-        return 409
-    if isinstance(exc, StateStoreError):
-        return 503
-    return 400
-
-
 class CoordinatorLocality(InMemorySource):
     """The placement endpoint's locality and cluster source: the coordinator's own state."""
 
@@ -308,7 +297,12 @@ class CoordinatorLocality(InMemorySource):
         self.update(*parse_locality_document(self._cluster.locality_document(), "coordinator"))
 
 
-def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
+def create_app(
+    coordinator: Coordinator,
+    token: str,
+    *,
+    metrics_text: Callable[[], bytes] | None = None,
+) -> FastAPI:
     app = FastAPI(
         title="cachefs coordinator",
         version="1",
@@ -346,12 +340,12 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     @app.exception_handler(CachefsError)
     async def _cachefs_error(request: Request, exc: CachefsError) -> JSONResponse:
         return JSONResponse(
-            {"detail": str(exc), "kind": type(exc).__name__}, status_code=_status_of(exc)
+            {"detail": str(exc), "kind": type(exc).__name__}, status_code=http_status(exc)
         )
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, Any]:
-        return {"ok": True, "cluster_id": cluster.cluster_id}
+        return {"ok": True, "cluster_id": coordinator.cluster_id}
 
     @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:
@@ -366,70 +360,70 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
 
     @v1.get("/datasets", tags=["datasets"])
     def list_datasets() -> list[dict[str, Any]]:
-        return cluster.list_datasets()
+        return coordinator.list_datasets()
 
     @v1.post("/datasets", tags=["datasets"], status_code=201)
     def add_dataset(body: DatasetIn) -> dict[str, Any]:
         fields = body.model_dump()
         nodes = fields.pop("nodes")
-        return cluster.add_dataset(DatasetSpec.from_json(fields), nodes)
+        return coordinator.add_dataset(DatasetSpec.from_json(fields), nodes)
 
     @v1.get("/datasets/{name}", tags=["datasets"])
     def get_dataset(name: DatasetName) -> dict[str, Any]:
-        return cluster.dataset_status(name)
+        return coordinator.dataset_status(name)
 
     @v1.delete("/datasets/{name}", tags=["datasets"])
     def remove_dataset(name: DatasetName) -> dict[str, Any]:
-        return cluster.remove_dataset(name)
+        return coordinator.remove_dataset(name)
 
     @v1.patch("/datasets/{name}", tags=["datasets"])
     def update_policy(name: DatasetName, body: PolicyIn) -> dict[str, Any]:
         """Change the dataset's sharing and cleanup policy; a raised limit promotes suspended
         jobs at once."""
         changes = {field: getattr(body, field) for field in body.model_fields_set}
-        return cluster.update_policy(name, changes)
+        return coordinator.update_policy(name, changes)
 
     @v1.post("/datasets/{name}/refresh", tags=["datasets"])
     def refresh_dataset(name: DatasetName) -> dict[str, Any]:
-        return cluster.refresh_dataset(name)
+        return coordinator.refresh_dataset(name)
 
     @v1.get("/datasets/{name}/locality", tags=["locality"])
     def dataset_locality(name: DatasetName) -> dict[str, Any]:
         """Nodes holding the dataset, with cached bytes and fraction (as of their last
         heartbeat: accurate within one heartbeat interval)."""
-        return cluster.locality(name)
+        return coordinator.cluster.locality(name)
 
     @v1.post("/datasets/{name}/preload", tags=["preload"], status_code=201)
     def start_preload(name: DatasetName, body: PreloadIn) -> dict[str, Any]:
         selection = Selection(
             paths=tuple(body.paths), fraction=body.fraction, bytes=body.bytes, at=body.at
         )
-        return cluster.start_preload(name, selection, copy=body.copy_id)
+        return coordinator.cluster.start_preload(name, selection, copy=body.copy_id)
 
     @v1.get("/datasets/{name}/preload", tags=["preload"])
     def preload_status(name: DatasetName) -> dict[str, Any]:
         """The dataset's latest preload job: state, objects and bytes done of planned, rate,
         ETA, failed objects with reasons (409 while it has none)."""
-        return _of_latest_preload(cluster.preload_status, name)
+        return _of_latest_preload(coordinator.cluster.preload_status, name)
 
     @v1.post("/datasets/{name}/preload/resume", tags=["preload"])
     def resume_preload(name: DatasetName) -> dict[str, Any]:
         """Run the latest job's selection again: cached blocks are skipped, failures retried."""
-        return _of_latest_preload(cluster.resume_preload, name)
+        return _of_latest_preload(coordinator.cluster.resume_preload, name)
 
     @v1.post("/datasets/{name}/copies/{copy_id}/scale", tags=["jobs"])
     def scale_copy(name: DatasetName, copy_id: CopyName, body: ScaleIn) -> dict[str, Any]:
         """Add and remove nodes of a copy. Only the shards whose rendezvous owner changes move;
         their new owners copy them from the old ones before those drop them (409 while an
         earlier fill of the copy is still running)."""
-        return cluster.manager.scale(name, copy_id, body.add, body.remove)
+        return coordinator.scale_copy(name, copy_id, body.add, body.remove)
 
     @v1.post("/jobs", tags=["jobs"], status_code=201)
     def submit_job(body: JobIn) -> dict[str, Any]:
         """Register a job reading a dataset. The answer is ``running`` with the ranked nodes
         (TDCS: the chosen copy's nodes among the candidates first, each with the reason), or
         ``suspended`` with its queue position, or ``running`` on a new copy (``cloned``)."""
-        return cluster.manager.submit(
+        return coordinator.manager.submit(
             body.id, body.dataset, body.nodes, body.candidates, body.lease_s
         )
 
@@ -437,7 +431,7 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     def list_jobs(
         dataset: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     ) -> list[dict[str, Any]]:
-        return cluster.manager.list_jobs(dataset)
+        return coordinator.manager.list_jobs(dataset)
 
     @v1.get("/jobs/{job_id}", tags=["jobs"])
     async def get_job(
@@ -446,7 +440,7 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         """One job. With ``wait=N`` (a long-poll, for the owner of a suspended job) the answer
         comes as soon as the job is promoted or released, at the latest after N seconds, and
         the call renews the job's lease."""
-        manager = cluster.manager
+        manager = coordinator.manager
         if wait == 0:
             return await anyio.to_thread.run_sync(manager.job, job_id)
         deadline = anyio.current_time() + wait
@@ -462,13 +456,13 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     @v1.post("/jobs/{job_id}/heartbeat", tags=["jobs"])
     def renew_job(job_id: JobName) -> dict[str, Any]:
         """Renew the job's lease (its owner is alive)."""
-        return cluster.manager.renew(job_id)
+        return coordinator.manager.renew(job_id)
 
     @v1.delete("/jobs/{job_id}", tags=["jobs"])
     def release_job(job_id: JobName) -> dict[str, Any]:
         """Release the job: its copy gets the slot back and the head of the dataset's suspend
         queue is placed at once (``promoted`` names it)."""
-        return cluster.manager.release(job_id)
+        return coordinator.manager.release(job_id)
 
     @v1.get("/events", tags=["jobs"])
     def list_events(
@@ -477,45 +471,45 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
     ) -> list[dict[str, Any]]:
         """What the CacheManager did and why: placements, promotions, clones, scaling,
         hand-offs, cleanup and the bytes it freed, oldest first."""
-        return cluster.manager.list_events(dataset, limit)
+        return coordinator.manager.list_events(dataset, limit)
 
     @v1.post("/datasets/{name}/preload/cancel", tags=["preload"])
     def cancel_preload(name: DatasetName) -> dict[str, Any]:
         """Cancel the dataset's latest preload job; the answer is that job (``cancelled``, or
         the state it had already ended in)."""
-        return _of_latest_preload(cluster.cancel_preload, name)
+        return _of_latest_preload(coordinator.cluster.cancel_preload, name)
 
     @v1.get("/preloads", tags=["preload"])
     def list_preloads() -> list[dict[str, Any]]:
-        return cluster.list_preloads()
+        return coordinator.cluster.list_preloads()
 
     @v1.get("/preloads/{job_id}", tags=["preload"])
     def get_preload(job_id: Annotated[str, Path(max_length=200)]) -> dict[str, Any]:
-        return cluster.preload_job(job_id)
+        return coordinator.cluster.preload_job(job_id)
 
     @v1.get("/nodes", tags=["locality"])
     def list_nodes() -> list[dict[str, Any]]:
-        return cluster.list_nodes()
+        return coordinator.cluster.list_nodes()
 
     @v1.get("/nodes/{node}", tags=["locality"])
     def get_node(node: NodeName) -> dict[str, Any]:
         """One node: state, tiers, and the datasets it holds with cached bytes and fraction."""
-        return cluster.node_status(node)
+        return coordinator.cluster.node_status(node)
 
     @v1.post("/nodes/{node}/heartbeat", tags=["workers"])
     def heartbeat(node: NodeName, body: HeartbeatIn) -> dict[str, Any]:
         """A worker's heartbeat (registers it on first contact). The reply is the worker's view
         of the cluster: live membership per copy, datasets, running preload jobs."""
-        return cluster.heartbeat(node, body.model_dump(by_alias=True))
+        return coordinator.heartbeat(node, body.model_dump(by_alias=True))
 
     @v1.get("/locality", tags=["locality"])
     def locality_document() -> dict[str, Any]:
         """Every dataset's cached bytes per node and every live node's GPUs and cache: the
         document the placement policies read."""
-        return cluster.locality_document()
+        return coordinator.cluster.locality_document()
 
     app.include_router(v1)
-    source = CoordinatorLocality(cluster)
+    source = CoordinatorLocality(coordinator.cluster)
     app.include_router(
         placement_router(source, source),
         dependencies=[Depends(require_token), Depends(_utf8_body)],
@@ -523,12 +517,12 @@ def create_app(cluster: Cluster, token: str, *, metrics_text=None) -> FastAPI:
         responses=_ERRORS,
     )
     app.include_router(
-        schedule_router(lambda datasets: live_locality(cluster, datasets)),
+        schedule_router(lambda datasets: live_locality(coordinator.cluster, datasets)),
         dependencies=[Depends(require_token), Depends(_utf8_body)],
         tags=["placement"],
         responses=_ERRORS,
     )
-    app.include_router(extender_router(cluster))  # no token: kube-scheduler sends none
+    app.include_router(extender_router(coordinator))  # no token: kube-scheduler sends none
     return app
 
 
@@ -555,7 +549,7 @@ def live_locality(cluster: Cluster, datasets: Iterable[str]) -> LiveLocality:
     return LiveLocality(found, caches)
 
 
-def _of_latest_preload(call, dataset: str) -> dict[str, Any]:
+def _of_latest_preload(call: Callable[[str], JsonDoc], dataset: str) -> JsonDoc:
     """``call(dataset)`` on the dataset's latest preload job. The dataset exists when the
     cluster says it has no job (it checks the dataset first): that is a 409 (start one first),
     not a 404, which says the dataset is unknown."""

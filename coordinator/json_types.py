@@ -28,6 +28,9 @@ STRICT = ConfigDict(strict=True, extra="forbid")
 #: Reports from workers: no coercion either, but fields a newer worker adds are ignored.
 STRICT_OPEN = ConfigDict(strict=True)
 
+#: A JSON object as the API answers it and the state store keeps it (values of any JSON type).
+JsonDoc = dict[str, Any]
+
 JsonInt = Annotated[int, BeforeValidator(_integral_float_to_int)]
 
 

@@ -14,11 +14,11 @@ import os
 import secrets
 import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 import trio
 from prometheus_client import generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from cachefs.errors import ConfigError
@@ -26,7 +26,9 @@ from cachefs.pidlock import LockHeld, take_pid_lock
 from cachefs.preload_jobs import STATES as PRELOAD_STATES
 
 from .api import create_app
-from .cluster import Cluster
+from .json_types import JsonDoc
+from .service import Coordinator
+from .settings import CoordinatorSettings
 from .state import open_state_store
 
 log = logging.getLogger("coordinator")
@@ -36,19 +38,6 @@ TOKEN_FILE = "token"
 # /metrics: long enough for scrapes to see its last numbers, short enough that the series of
 # old jobs do not pile up (cachefs_preload_jobs counts every job by state, without end).
 PRELOAD_SERIES_RETENTION_S = 3600.0
-
-
-@dataclass
-class CoordinatorConfig:
-    listen: str
-    state_dir: str
-    store: str | None = None  # state store location; default LMDB under state_dir
-    token_file: str | None = None
-    heartbeat_interval_s: float = 2.0
-    down_after_s: float | None = None  # default: 3 heartbeat intervals
-    job_lease_s: float = 600.0  # a job not renewed for this long is released; 0 = never
-    lru_high_watermark: float = 0.9  # lru cleanup acts on nodes whose cache is this full
-    fill_timeout_s: float = 3600.0  # a clone fill or scale hand-off is given up after this
 
 
 def load_or_create_token(state_dir: str, token_file: str | None) -> str:
@@ -83,19 +72,19 @@ def _read_token(path: str) -> str:
 
 
 class _ClusterCollector(Collector):
-    """Coordinator metrics, computed at scrape time from the cluster model.
+    """Coordinator metrics, computed at scrape time from the coordinator's state.
 
     Labels never use ``job`` or ``instance``: Prometheus sets those itself and would rename
     ours ``exported_job``. A preload job is labelled ``preload``."""
 
-    def __init__(self, cluster: Cluster, clock=time.time):
-        self._cluster = cluster
+    def __init__(self, coordinator: Coordinator, clock: Callable[[], float] = time.time):
+        self._coordinator = coordinator
         self._clock = clock
 
-    def collect(self):
-        cluster = self._cluster
+    def collect(self) -> Iterator[Metric]:
+        coordinator = self._coordinator
         up = GaugeMetricFamily("cachefs_node_up", "1 if the node is up", labels=["node"])
-        for node in cluster.list_nodes():
+        for node in coordinator.cluster.list_nodes():
             up.add_metric([node["node"]], 1.0 if node["state"] == "up" else 0.0)
         yield up
         cached = GaugeMetricFamily(
@@ -104,16 +93,17 @@ class _ClusterCollector(Collector):
         fraction = GaugeMetricFamily(
             "cachefs_dataset_cluster_cached_fraction", "Cached fraction", labels=["dataset"]
         )
-        for dataset in cluster.list_datasets():
+        datasets = coordinator.list_datasets()
+        for dataset in datasets:
             cached.add_metric([dataset["name"]], dataset["cached_bytes"])
             fraction.add_metric([dataset["name"]], dataset["cached_fraction"])
         yield cached
         yield fraction
-        yield from self._preload_metrics(cluster.list_preloads(), self._clock())
-        yield from self._cache_manager_metrics(cluster)
+        yield from self._preload_metrics(coordinator.cluster.list_preloads(), self._clock())
+        yield from self._cache_manager_metrics(datasets, coordinator.manager.freed_bytes)
 
     @staticmethod
-    def _preload_metrics(jobs: list[dict], now: float):
+    def _preload_metrics(jobs: list[JsonDoc], now: float) -> Iterator[Metric]:
         """Jobs by state per dataset (bounded: datasets x states), and the progress of each
         job that runs, waits or ended less than PRELOAD_SERIES_RETENTION_S ago."""
         by_state = GaugeMetricFamily(
@@ -149,7 +139,9 @@ class _ClusterCollector(Collector):
         yield from families.values()
 
     @staticmethod
-    def _cache_manager_metrics(cluster: Cluster):
+    def _cache_manager_metrics(
+        datasets: list[JsonDoc], freed_bytes: dict[tuple[str, str], int]
+    ) -> Iterator[Metric]:
         used_ratio = GaugeMetricFamily(
             "cachefs_cache_used_ratio",
             "Cache used / capacity over a copy's live nodes (for an autoscaler)",
@@ -166,49 +158,49 @@ class _ClusterCollector(Collector):
         filling = GaugeMetricFamily(
             "cachefs_copy_filling", "1 while a copy fills from peers", labels=["dataset", "copy"]
         )
-        for dataset in cluster.list_datasets():
+        for dataset in datasets:
             name = dataset["name"]
             for copy in dataset["copies"]:
                 used_ratio.add_metric([name, copy["id"]], copy["used_ratio"])
                 filling.add_metric([name, copy["id"]], 1.0 if copy["fill"] else 0.0)
             for state, count in dataset["jobs"].items():
                 jobs.add_metric([name, state], count)
-        for (name, kind), nbytes in sorted(cluster.manager.freed_bytes.items()):
+        for (name, kind), nbytes in sorted(freed_bytes.items()):
             freed.add_metric([name, kind], nbytes)
         yield from (used_ratio, jobs, freed, filling)
 
 
-async def serve(config: CoordinatorConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve(
+    settings: CoordinatorSettings,
+    *,
+    state_dir: str,
+    token_file: str | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the coordinator until SIGINT or SIGTERM: its state in ``state_dir`` (LMDB, unless
+    ``settings.store`` names etcd), its token from ``token_file`` (see the module's
+    docstring)."""
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.trio import serve as hypercorn_serve
 
-    os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
     try:
-        lock = take_pid_lock(os.path.join(config.state_dir, "coordinator.lock"))
+        lock = take_pid_lock(os.path.join(state_dir, "coordinator.lock"))
     except LockHeld as held:
         raise ConfigError(
-            f"another coordinator (pid {held.holder}) uses state directory {config.state_dir}"
+            f"another coordinator (pid {held.holder}) uses state directory {state_dir}"
         ) from None
-    token = load_or_create_token(config.state_dir, config.token_file)
+    token = load_or_create_token(state_dir, token_file)
     store = await trio.to_thread.run_sync(
-        open_state_store, config.store or os.path.join(config.state_dir, "coordinator")
+        open_state_store, settings.store or os.path.join(state_dir, "coordinator")
     )
     try:
-        cluster = await trio.to_thread.run_sync(
-            lambda: Cluster(
-                store,
-                heartbeat_interval_s=config.heartbeat_interval_s,
-                down_after_s=config.down_after_s,
-                job_lease_s=config.job_lease_s,
-                lru_high_watermark=config.lru_high_watermark,
-                fill_timeout_s=config.fill_timeout_s,
-            )
-        )
+        coordinator = await trio.to_thread.run_sync(lambda: Coordinator(store, settings))
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_ClusterCollector(cluster))
-        app = create_app(cluster, token, metrics_text=lambda: generate_latest(registry))
+        registry.register(_ClusterCollector(coordinator))
+        app = create_app(coordinator, token, metrics_text=lambda: generate_latest(registry))
         hyper = HypercornConfig()
-        hyper.bind = [config.listen]
+        hyper.bind = [settings.listen]
         hyper.accesslog = None
         hyper.errorlog = logging.getLogger("coordinator.http")
         hyper.graceful_timeout = 1.0
@@ -216,14 +208,17 @@ async def serve(config: CoordinatorConfig, *, task_status=trio.TASK_STATUS_IGNOR
         async with trio.open_nursery() as nursery:
             await nursery.start(
                 lambda task_status: hypercorn_serve(
-                    app, hyper, shutdown_trigger=shutdown.wait, task_status=task_status
+                    app,  # type: ignore[arg-type]  # hypercorn's ASGI type is narrower than Starlette's
+                    hyper,
+                    shutdown_trigger=shutdown.wait,
+                    task_status=task_status,
                 )
             )
-            log.info("coordinator on http://%s (state %s, store %s)", config.listen,
-                     config.state_dir, store.where)  # fmt: skip
+            log.info("coordinator on http://%s (state %s, store %s)", settings.listen,
+                     state_dir, store.where)  # fmt: skip
             task_status.started()
             async with trio.open_nursery() as background:
-                background.start_soon(_tick, cluster, config.heartbeat_interval_s / 2)
+                background.start_soon(_tick, coordinator, settings.heartbeat_interval_s / 2)
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:
                         log.info("received %s, shutting down", signal.Signals(signum).name)
@@ -235,12 +230,12 @@ async def serve(config: CoordinatorConfig, *, task_status=trio.TASK_STATUS_IGNOR
         lock.close()
 
 
-async def _tick(cluster: Cluster, period_s: float) -> None:
+async def _tick(coordinator: Coordinator, period_s: float) -> None:
     down: set[str] = set()
     while True:
         await trio.sleep(period_s)
-        await trio.to_thread.run_sync(cluster.tick)
-        now_down = set(await trio.to_thread.run_sync(cluster.check_liveness))
+        await trio.to_thread.run_sync(coordinator.tick)
+        now_down = set(await trio.to_thread.run_sync(coordinator.cluster.check_liveness))
         for node in sorted(now_down - down):
             log.warning("node %r missed its heartbeats: marked down, its shards re-owned", node)
         down = now_down

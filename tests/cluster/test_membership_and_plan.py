@@ -17,7 +17,8 @@ from cachefs.cluster.preload import PlannedObject, _ShardBudget, path_matches, p
 from cachefs.meta import Snapshot, build_snapshot
 from cachefs.protocol import SHARDS, DatasetSpec, owner_table
 from cachefs.store.base import ObjectInfo
-from coordinator.cluster import Cluster
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
 from coordinator.state import LmdbStateStore
 
 BS = 4096  # block size for planning
@@ -200,14 +201,14 @@ def test_own_copy_shards_of_a_node_in_no_copy_is_empty() -> None:
 def test_membership_agrees_with_the_coordinator(tmp_path: Path) -> None:
     store = LmdbStateStore(tmp_path / "state")
     try:
-        cluster = Cluster(store, heartbeat_interval_s=1.0)
-        cluster.add_dataset(DatasetSpec(name="imagenet", uri="s3://b/imagenet/"))
+        coordinator = Coordinator(store, CoordinatorSettings(heartbeat_interval_s=1.0))
+        coordinator.add_dataset(DatasetSpec(name="imagenet", uri="s3://b/imagenet/"))
         for node in ("n1", "n2", "n3"):
-            view = cluster.heartbeat(node, {"address": address(node)})
+            view = coordinator.heartbeat(node, {"address": address(node)})
         members = {node: Membership(node) for node in ("n1", "n2", "n3")}
         for membership in members.values():
             membership.update(view)
-        live = cluster.live_copy_nodes("imagenet", "A")
+        live = coordinator.model.live_copy_nodes("imagenet", "A")
         for shard, owner in enumerate(owner_table("imagenet", live)):
             for node, membership in members.items():
                 got = membership.owner_address("imagenet", shard)

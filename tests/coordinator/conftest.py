@@ -1,1 +1,1 @@
-from tests.coordinator.model import clock, cluster, state_dir, store  # noqa: F401 (fixtures)
+from tests.coordinator.model import clock, coordinator, state_dir, store  # noqa: F401 (fixtures)

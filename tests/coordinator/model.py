@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 
 from cachefs.protocol import DatasetSpec
-from coordinator.cluster import Cluster
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
 from coordinator.state import LmdbStateStore
 
 HEARTBEAT_S = 1.0
 DOWN_AFTER_S = 3.0
 T0 = 1_700_000_000.0
+SETTINGS = CoordinatorSettings(heartbeat_interval_s=HEARTBEAT_S, down_after_s=DOWN_AFTER_S)
 
 
 class FakeClock:
@@ -48,8 +50,8 @@ def store(state_dir: Path) -> Iterator[LmdbStateStore]:
 
 
 @pytest.fixture
-def cluster(store: LmdbStateStore, clock: FakeClock) -> Cluster:
-    return Cluster(store, heartbeat_interval_s=HEARTBEAT_S, down_after_s=DOWN_AFTER_S, clock=clock)
+def coordinator(store: LmdbStateStore, clock: FakeClock) -> Coordinator:
+    return Coordinator(store, SETTINGS, clock=clock)
 
 
 def spec(name: str, **kwargs) -> DatasetSpec:
@@ -60,5 +62,5 @@ def address(node: str) -> str:
     return f"127.0.0.{int(node.removeprefix('n')) + 1}:7070"
 
 
-def beat(cluster: Cluster, node: str, **report) -> dict:
-    return cluster.heartbeat(node, {"address": address(node), **report})
+def beat(coordinator: Coordinator, node: str, **report) -> dict:
+    return coordinator.heartbeat(node, {"address": address(node), **report})

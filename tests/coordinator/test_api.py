@@ -1,5 +1,6 @@
-"""The coordinator's HTTP API served for real: ``create_app`` over a ``Cluster`` on a real LMDB
-store, served by hypercorn's trio worker on 127.0.0.1 (an OS-chosen port), spoken to with httpx.
+"""The coordinator's HTTP API served for real: ``create_app`` over a ``Coordinator`` on a real
+LMDB store, served by hypercorn's trio worker on 127.0.0.1 (an OS-chosen port), spoken to with
+httpx.
 
 Auth on every /v1 route (and the placement route), none on /healthz, /metrics and the spec;
 malformed requests are 4xx with a message, never 5xx; the dataset, node and preload routes."""
@@ -20,7 +21,8 @@ import trio
 
 from cachefs.protocol import SHARDS, owner_table
 from coordinator.api import create_app
-from coordinator.cluster import Cluster
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
 from coordinator.state import LmdbStateStore
 from tests.fakes.wrappers import served
 
@@ -34,7 +36,7 @@ METRICS = b"# HELP cachefs_test A test gauge\n# TYPE cachefs_test gauge\ncachefs
 class Api:
     url: str
     client: httpx.AsyncClient  # sends the token
-    cluster: Cluster
+    coordinator: Coordinator
 
     async def add(self, name: str = "imagenet", **fields) -> httpx.Response:
         body = {"name": name, "uri": f"s3://bucket/{name}/", **fields}
@@ -49,12 +51,12 @@ class Api:
 async def api(tmp_path) -> AsyncIterator[Api]:
     store = LmdbStateStore(tmp_path / "state")
     try:
-        cluster = Cluster(store, heartbeat_interval_s=1.0)
-        app = create_app(cluster, TOKEN, metrics_text=lambda: METRICS)
+        coordinator = Coordinator(store, CoordinatorSettings(heartbeat_interval_s=1.0))
+        app = create_app(coordinator, TOKEN, metrics_text=lambda: METRICS)
         async with served(app) as address:
             url = f"http://{address}"
             async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as client:
-                yield Api(url, client, cluster)
+                yield Api(url, client, coordinator)
     finally:
         store.close()
 
@@ -137,14 +139,14 @@ async def test_every_v1_route_needs_the_token(api: Api) -> None:
                 assert response.headers["www-authenticate"] == "Bearer"
                 assert response.json()["detail"]
     # Nothing was done.
-    assert api.cluster.datasets == {} and api.cluster.nodes == {}
+    assert api.coordinator.model.datasets == {} and api.coordinator.model.nodes == {}
 
 
 async def test_health_metrics_and_spec_need_no_token(api: Api) -> None:
     async with httpx.AsyncClient(base_url=api.url, timeout=30) as anonymous:
         health = await anonymous.get("/healthz")
         assert health.status_code == 200
-        assert health.json() == {"ok": True, "cluster_id": api.cluster.cluster_id}
+        assert health.json() == {"ok": True, "cluster_id": api.coordinator.cluster_id}
         metrics = await anonymous.get("/metrics")
         assert metrics.status_code == 200
         assert metrics.content == METRICS
@@ -159,7 +161,7 @@ async def test_health_metrics_and_spec_need_no_token(api: Api) -> None:
 async def test_metrics_without_a_metrics_function(tmp_path) -> None:
     store = LmdbStateStore(tmp_path / "state")
     try:
-        app = create_app(Cluster(store), TOKEN)
+        app = create_app(Coordinator(store), TOKEN)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://coordinator") as c:
             response = await c.get("/metrics")
@@ -287,7 +289,7 @@ BAD_DATASETS = [
 async def test_malformed_dataset_bodies_are_4xx(api: Api, body) -> None:
     response = await api.client.post("/v1/datasets", json=body)
     assert_client_error(response, 422)
-    assert api.cluster.datasets == {}
+    assert api.coordinator.model.datasets == {}
 
 
 RAW_BODIES = [
@@ -312,7 +314,7 @@ async def test_unparseable_bodies_are_4xx(api: Api, raw: bytes) -> None:
     assert_client_error(response, 400, 422)
     response = await api.client.post("/v1/nodes/n1/heartbeat", content=raw, headers=headers)
     assert_client_error(response, 400, 422)
-    assert api.cluster.nodes == {} and api.cluster.preloads == {}
+    assert api.coordinator.model.nodes == {} and api.coordinator.model.preloads == {}
 
 
 BAD_PRELOADS = [
@@ -350,7 +352,7 @@ async def test_malformed_preload_bodies_are_4xx(api: Api, body) -> None:
     await api.add("imagenet")
     response = await api.client.post("/v1/datasets/imagenet/preload", json=body)
     assert_client_error(response, 422)
-    assert api.cluster.preloads == {}
+    assert api.coordinator.model.preloads == {}
 
 
 GOOD_SHARDS = {"shards": {"0": 10, "1023": 5}}
@@ -403,7 +405,7 @@ BAD_HEARTBEATS = [
 async def test_malformed_heartbeats_are_4xx(api: Api, body) -> None:
     response = await api.client.post("/v1/nodes/n1/heartbeat", json=body)
     assert_client_error(response, 422)
-    assert api.cluster.nodes == {}
+    assert api.coordinator.model.nodes == {}
 
 
 @pytest.mark.parametrize(
@@ -423,7 +425,7 @@ async def test_malformed_heartbeats_are_4xx(api: Api, body) -> None:
 async def test_bad_names_in_paths_are_4xx(api: Api, method: str, path: str) -> None:
     response = await api.client.request(method, path, json={"address": "h:1"})
     assert_client_error(response)
-    assert api.cluster.nodes == {}
+    assert api.coordinator.model.nodes == {}
 
 
 async def test_values_json_cannot_carry_are_refused(api: Api) -> None:
@@ -463,7 +465,7 @@ async def test_heartbeat_nodes_and_locality(api: Api) -> None:
     view = response.json()
     assert view["nodes"] == {"n1": {"address": "127.0.0.2:7070", "up": True}}
     assert view["datasets"][0]["copies"] == {"A": ["n1"]}
-    assert view["cluster_id"] == api.cluster.cluster_id
+    assert view["cluster_id"] == api.coordinator.cluster_id
 
     node = (await api.client.get("/v1/nodes/n1")).json()
     assert (node["state"], node["gpus"], node["tiers"]) == ("up", 8, tiers)
@@ -633,7 +635,7 @@ async def test_malformed_job_bodies_are_4xx(api: Api, body) -> None:
     await api.add("imagenet")
     await api.beat("n1")
     assert_client_error(await api.client.post("/v1/jobs", json=body))
-    assert api.cluster.manager.jobs == {}
+    assert api.coordinator.manager.jobs.by_id == {}
 
 
 @pytest.mark.parametrize(
@@ -655,7 +657,7 @@ async def test_malformed_job_bodies_are_4xx(api: Api, body) -> None:
 )
 async def test_malformed_sharing_policies_are_4xx(api: Api, fields) -> None:
     assert_client_error(await api.add("imagenet", **fields))
-    assert api.cluster.datasets == {}
+    assert api.coordinator.model.datasets == {}
 
 
 # --- the spec is the contract: what it allows is served, what it forbids is a 422 --------------
@@ -711,7 +713,7 @@ async def test_the_spec_says_what_is_refused(api: Api) -> None:
     assert_client_error(phantom, 422)
     assert phantom.json()["detail"][0]["loc"] == ["body", "address"]
     assert (await api.client.get("/v1/nodes")).json() == []
-    assert api.cluster.preloads == {}
+    assert api.coordinator.model.preloads == {}
 
 
 async def test_refusals_for_the_cluster_state_are_404_or_409(api: Api) -> None:
@@ -811,7 +813,7 @@ async def test_preload_cancel_exits_0(api: Api, tmp_path) -> None:
         done = await cancel("imagenet")
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert b"cancelled" in done.stdout, done.stdout
-    assert api.cluster.preloads[started.json()["id"]].state == "cancelled"
+    assert api.coordinator.model.preloads[started.json()["id"]].state == "cancelled"
     await api.add("coco")
     none = await cancel("coco")
     assert none.returncode == 1, (none.stdout, none.stderr)

@@ -1,4 +1,4 @@
-"""The kube-scheduler extender (``coordinator/extender.py``).
+"""The kube-scheduler extender (``coordinator/extender/``).
 
 Three levels: the pure functions (parsing ExtenderArgs, the filter and prioritize decisions,
 the answer shapes); :class:`Extender` over a real :class:`Cluster` (LMDB store, fake clock);
@@ -23,20 +23,23 @@ import httpx
 import pytest
 
 from coordinator.api import create_app
-from coordinator.cluster import Cluster
-from coordinator.extender import (
+from coordinator.extender.decide import (
     DatasetLocality,
     Extender,
-    ExtenderArgs,
     JobStatus,
-    MalformedArgs,
     decide_filter,
     decide_priorities,
     filter_result,
+)
+from coordinator.extender.request import (
+    ExtenderArgs,
+    MalformedArgs,
     parse_extender_args,
     parse_pod,
     pod_gpus,
 )
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
 from coordinator.state import LmdbStateStore
 from tests.coordinator.model import FakeClock, spec
 from tests.fakes.wrappers import served as serving
@@ -322,17 +325,17 @@ def _imagenet_report(cached: int) -> dict:
     return {"bytes": 1000, "files": 10, "cached_bytes": cached, "shards": {}}
 
 
-def _imagenet_state(cluster: Cluster) -> None:
-    cluster.add_dataset(spec("imagenet", max_jobs_per_copy=1))
+def _imagenet_state(coordinator: Coordinator) -> None:
+    coordinator.add_dataset(spec("imagenet", max_jobs_per_copy=1))
     for i, node in enumerate(NODES, 1):
         cached = {"gpu-node-1": 600, "gpu-node-2": 300}.get(node)
         datasets = {"imagenet": _imagenet_report(cached)} if cached else {}
-        cluster.heartbeat(node, {"address": f"127.0.0.{i + 1}:7070", "datasets": datasets})
+        coordinator.heartbeat(node, {"address": f"127.0.0.{i + 1}:7070", "datasets": datasets})
 
 
-def test_extender_answers_the_fixtures_from_the_cluster(cluster: Cluster) -> None:
-    _imagenet_state(cluster)
-    extender = Extender(cluster)
+def test_extender_answers_the_fixtures_from_the_cluster(coordinator: Coordinator) -> None:
+    _imagenet_state(coordinator)
+    extender = Extender(coordinator)
     for request, answer in [
         ("filter_node_names_request.json", "filter_node_names_response.json"),
         ("filter_nodes_request.json", "filter_nodes_response.json"),
@@ -342,37 +345,37 @@ def test_extender_answers_the_fixtures_from_the_cluster(cluster: Cluster) -> Non
     assert extender.prioritize(prioritize) == body("prioritize_node_names_response.json")
 
 
-def test_suspended_then_promoted(cluster: Cluster) -> None:
-    _imagenet_state(cluster)
-    extender = Extender(cluster)
+def test_suspended_then_promoted(coordinator: Coordinator) -> None:
+    _imagenet_state(coordinator)
+    extender = Extender(coordinator)
     request = (BODIES / "filter_node_names_request.json").read_bytes()
-    cluster.manager.submit("other", "imagenet", 1)
-    suspended = cluster.manager.submit(POD_JOB, "imagenet", 1)
+    coordinator.manager.submit("other", "imagenet", 1)
+    suspended = coordinator.manager.submit(POD_JOB, "imagenet", 1)
     assert (suspended["state"], suspended["position"]) == ("suspended", 1)
     assert extender.filter(request) == body("filter_suspended_response.json")
     scores = extender.prioritize((BODIES / "prioritize_node_names_request.json").read_bytes())
     assert scores == [{"Host": n, "Score": 0} for n in NODES]
     # The running job is released: the pod's job is promoted and its next attempt passes.
-    assert cluster.manager.release("other")["promoted"] == [POD_JOB]
+    assert coordinator.manager.release("other")["promoted"] == [POD_JOB]
     assert extender.filter(request) == body("filter_node_names_response.json")
 
 
-def test_a_down_worker_fails_required(cluster: Cluster, clock: FakeClock) -> None:
-    _imagenet_state(cluster)
+def test_a_down_worker_fails_required(coordinator: Coordinator, clock: FakeClock) -> None:
+    _imagenet_state(coordinator)
     clock.advance(10)  # past down_after: every worker is down until it beats again
-    cluster.heartbeat("gpu-node-1", {"address": "127.0.0.2:7070",
+    coordinator.heartbeat("gpu-node-1", {"address": "127.0.0.2:7070",
                                      "datasets": {"imagenet": _imagenet_report(600)}})  # fmt: skip
-    answer = Extender(cluster).filter((BODIES / "filter_node_names_request.json").read_bytes())
+    answer = Extender(coordinator).filter((BODIES / "filter_node_names_request.json").read_bytes())
     assert answer["NodeNames"] == ["gpu-node-1"]
     assert "worker is down" in answer["FailedNodes"]["gpu-node-2"]
     assert "holds none" in answer["FailedNodes"]["gpu-node-3"]
 
 
 def test_unknown_datasets_and_unlabelled_pods_pass_logged_once(
-    cluster: Cluster, caplog: pytest.LogCaptureFixture
+    coordinator: Coordinator, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _imagenet_state(cluster)
-    extender = Extender(cluster)
+    _imagenet_state(coordinator)
+    extender = Extender(coordinator)
     unknown = encoded(pod_with(body("filter_node_names_request.json"),
                                labels={"cachefs.io/dataset": "no-such"}))  # fmt: skip
     unlabelled = encoded(pod_with(body("filter_node_names_request.json"),
@@ -388,14 +391,16 @@ def test_unknown_datasets_and_unlabelled_pods_pass_logged_once(
     assert len(warnings) == 1 and "'no-such'" in warnings[0], warnings
 
 
-def test_a_pods_policy_ranks_the_nodes(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
-    _imagenet_state(cluster)
+def test_a_pods_policy_ranks_the_nodes(
+    coordinator: Coordinator, caplog: pytest.LogCaptureFixture
+) -> None:
+    _imagenet_state(coordinator)
     for i, node in enumerate(NODES, 1):  # the same heartbeats, with GPUs: 8, 8 and none
         cached = {"gpu-node-1": 600, "gpu-node-2": 300}.get(node)
         datasets = {"imagenet": _imagenet_report(cached)} if cached else {}
         report = {"address": f"127.0.0.{i + 1}:7070", "gpus": 8 if i < 3 else 0}
-        cluster.heartbeat(node, {**report, "datasets": datasets})
-    extender = Extender(cluster)
+        coordinator.heartbeat(node, {**report, "datasets": datasets})
+    extender = Extender(coordinator)
     request = body("prioritize_node_names_request.json")
 
     def scores(policy: str | None) -> list[int]:
@@ -409,7 +414,7 @@ def test_a_pods_policy_ranks_the_nodes(cluster: Cluster, caplog: pytest.LogCaptu
     assert scores("tdcs") == [10, 5, 0]
     # Best fit without locality: both nodes have all 8 GPUs free, so they tie.
     assert scores("p2-elastic") == [10, 10, 0]
-    cluster.heartbeat("gpu-node-3", {"address": "127.0.0.4:7070", "gpus": 8, "datasets": {}})
+    coordinator.heartbeat("gpu-node-3", {"address": "127.0.0.4:7070", "gpus": 8, "datasets": {}})
     assert scores("fifo+locality") == [10, 7, 4]
     # A policy that cannot rank (no node hardware) falls back to cached bytes, logged once.
     with caplog.at_level(logging.WARNING, logger="coordinator.extender"):
@@ -417,33 +422,33 @@ def test_a_pods_policy_ranks_the_nodes(cluster: Cluster, caplog: pytest.LogCaptu
     assert len(caplog.records) == 1, caplog.records
     assert "prioritize with p4-roofline: policy p4-roofline needs" in caplog.records[0].getMessage()
     # A job the CacheManager suspended scores 0 everywhere, policy or not.
-    cluster.manager.submit("other", "imagenet", 1)
-    cluster.manager.submit(POD_JOB, "imagenet", 1)
+    coordinator.manager.submit("other", "imagenet", 1)
+    coordinator.manager.submit(POD_JOB, "imagenet", 1)
     assert scores("fifo+locality") == [0, 0, 0]
 
 
-def test_a_job_annotation_alone_names_the_dataset(cluster: Cluster) -> None:
-    _imagenet_state(cluster)
-    cluster.manager.submit("other", "imagenet", 1)
-    cluster.manager.submit("queued-job", "imagenet", 1)
+def test_a_job_annotation_alone_names_the_dataset(coordinator: Coordinator) -> None:
+    _imagenet_state(coordinator)
+    coordinator.manager.submit("other", "imagenet", 1)
+    coordinator.manager.submit("queued-job", "imagenet", 1)
     request = pod_with(body("filter_node_names_request.json"),
                        labels={"cachefs.io/dataset": None},
                        annotations={"cachefs.io/job": "queued-job"})  # fmt: skip
-    answer = Extender(cluster).filter(encoded(request))
+    answer = Extender(coordinator).filter(encoded(request))
     assert answer["NodeNames"] == [] and set(answer["FailedNodes"]) == set(NODES)
     assert "job queued-job is suspended" in answer["FailedNodes"]["gpu-node-1"]
 
 
 def test_a_job_on_another_dataset_decides_and_is_logged_once(
-    cluster: Cluster, caplog: pytest.LogCaptureFixture
+    coordinator: Coordinator, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _imagenet_state(cluster)
-    cluster.add_dataset(spec("coco", max_jobs_per_copy=1))
-    cluster.manager.submit("coco-1", "coco", 1)
-    cluster.manager.submit("coco-2", "coco", 1)
+    _imagenet_state(coordinator)
+    coordinator.add_dataset(spec("coco", max_jobs_per_copy=1))
+    coordinator.manager.submit("coco-1", "coco", 1)
+    coordinator.manager.submit("coco-2", "coco", 1)
     request = encoded(pod_with(body("filter_node_names_request.json"),
                                annotations={"cachefs.io/job": "coco-2"}))  # fmt: skip
-    extender = Extender(cluster)
+    extender = Extender(coordinator)
     with caplog.at_level(logging.WARNING, logger="coordinator.extender"):
         for _ in range(2):
             answer = extender.filter(request)
@@ -454,15 +459,15 @@ def test_a_job_on_another_dataset_decides_and_is_logged_once(
 
 
 def test_internal_errors_pass_every_node(
-    cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    coordinator: Coordinator, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _imagenet_state(cluster)
+    _imagenet_state(coordinator)
 
     def broken(dataset: str) -> dict:
         raise RuntimeError("state store on fire")
 
-    monkeypatch.setattr(cluster, "locality", broken)
-    extender = Extender(cluster)
+    monkeypatch.setattr(coordinator.cluster, "locality", broken)
+    extender = Extender(coordinator)
     request = (BODIES / "filter_nodes_request.json").read_bytes()
     with caplog.at_level(logging.WARNING, logger="coordinator.extender"):
         for _ in range(2):
@@ -474,8 +479,8 @@ def test_internal_errors_pass_every_node(
     assert [r.getMessage().split()[0] for r in errors] == ["filter", "prioritize"]
 
 
-def test_malformed_bodies_get_an_error_or_no_scores(cluster: Cluster) -> None:
-    extender = Extender(cluster)
+def test_malformed_bodies_get_an_error_or_no_scores(coordinator: Coordinator) -> None:
+    extender = Extender(coordinator)
     for raw in MALFORMED:
         answer = extender.filter(raw)
         assert list(answer) == RESULT_KEYS
@@ -484,19 +489,19 @@ def test_malformed_bodies_get_an_error_or_no_scores(cluster: Cluster) -> None:
         assert extender.prioritize(raw) == []
 
 
-def test_the_extender_changes_nothing(cluster: Cluster, store: LmdbStateStore) -> None:
-    _imagenet_state(cluster)
-    cluster.manager.submit("other", "imagenet", 1)
+def test_the_extender_changes_nothing(coordinator: Coordinator, store: LmdbStateStore) -> None:
+    _imagenet_state(coordinator)
+    coordinator.manager.submit("other", "imagenet", 1)
     before = list(store.list(""))
-    jobs_before = {k: v.to_json() for k, v in cluster.manager.jobs.items()}
-    extender = Extender(cluster)
+    jobs_before = {k: v.to_json() for k, v in coordinator.manager.jobs.by_id.items()}
+    extender = Extender(coordinator)
     for name in ("filter_node_names_request.json", "filter_nodes_request.json",
                  "prioritize_node_names_request.json"):  # fmt: skip
         extender.filter((BODIES / name).read_bytes())
         extender.prioritize((BODIES / name).read_bytes())
     assert list(store.list("")) == before
-    assert {k: v.to_json() for k, v in cluster.manager.jobs.items()} == jobs_before
-    assert POD_JOB not in cluster.manager.jobs  # filter registers no job
+    assert {k: v.to_json() for k, v in coordinator.manager.jobs.by_id.items()} == jobs_before
+    assert POD_JOB not in coordinator.manager.jobs.by_id  # filter registers no job
 
 
 # --- HTTP -------------------------------------------------------------------------------------
@@ -506,7 +511,7 @@ def test_the_extender_changes_nothing(cluster: Cluster, store: LmdbStateStore) -
 class Served:
     client: httpx.AsyncClient  # sends no token, as kube-scheduler does
     admin: httpx.AsyncClient  # sends the token
-    cluster: Cluster
+    coordinator: Coordinator
 
 
 @pytest.fixture
@@ -514,15 +519,17 @@ async def served(tmp_path) -> AsyncIterator[Served]:
     store = LmdbStateStore(tmp_path / "state")
     try:
         # Workers beat once per test: they must stay up however slow the machine is.
-        cluster = Cluster(store, heartbeat_interval_s=1.0, down_after_s=3600)
-        async with serving(create_app(cluster, TOKEN)) as address:
+        coordinator = Coordinator(
+            store, CoordinatorSettings(heartbeat_interval_s=1.0, down_after_s=3600)
+        )
+        async with serving(create_app(coordinator, TOKEN)) as address:
             url = f"http://{address}"
             auth = {"Authorization": f"Bearer {TOKEN}"}
             async with (
                 httpx.AsyncClient(base_url=url, timeout=30) as client,
                 httpx.AsyncClient(base_url=url, headers=auth, timeout=30) as admin,
             ):
-                yield Served(client, admin, cluster)
+                yield Served(client, admin, coordinator)
     finally:
         store.close()
 
@@ -570,7 +577,7 @@ async def test_http_answers_the_fixtures_without_a_token(served: Served) -> None
     )
     assert response.json() == body("filter_node_names_response.json")
     health = await served.client.get("/scheduler/healthz")
-    assert health.json() == {"ok": True, "cluster_id": served.cluster.cluster_id}
+    assert health.json() == {"ok": True, "cluster_id": served.coordinator.cluster_id}
 
 
 async def test_http_suspended_job_keeps_the_pod_pending(served: Served) -> None:

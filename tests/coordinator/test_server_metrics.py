@@ -11,8 +11,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from cachefs.preload_jobs import Selection
 from cachefs.protocol import DatasetSpec
-from coordinator.cluster import Cluster
 from coordinator.server import PRELOAD_SERIES_RETENTION_S, _ClusterCollector
+from coordinator.service import Coordinator
 from coordinator.state import LmdbStateStore
 
 
@@ -24,9 +24,9 @@ class Clock:
         return self.now
 
 
-def scrape(cluster: Cluster, clock: Clock) -> dict[str, list]:
+def scrape(coordinator: Coordinator, clock: Clock) -> dict[str, list]:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_ClusterCollector(cluster, clock))
+    registry.register(_ClusterCollector(coordinator, clock))
     text = generate_latest(registry).decode()
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
@@ -35,23 +35,23 @@ def test_finished_preloads_leave_metrics_after_the_retention(tmp_path) -> None:
     clock = Clock()
     store = LmdbStateStore(tmp_path / "state")
     try:
-        cluster = Cluster(store, clock=clock)
-        cluster.add_dataset(DatasetSpec.from_json({"name": "imagenet", "uri": "s3://b/i/"}))
+        coordinator = Coordinator(store, clock=clock)
+        coordinator.add_dataset(DatasetSpec.from_json({"name": "imagenet", "uri": "s3://b/i/"}))
         ended = []
         for _ in range(50):  # a preload started and cancelled over and over
-            ended.append(cluster.start_preload("imagenet", Selection())["id"])
-            cluster.cancel_preload("imagenet")
+            ended.append(coordinator.cluster.start_preload("imagenet", Selection())["id"])
+            coordinator.cluster.cancel_preload("imagenet")
             clock.now += 1
-        running = cluster.start_preload("imagenet", Selection())["id"]
+        running = coordinator.cluster.start_preload("imagenet", Selection())["id"]
 
-        samples = scrape(cluster, clock)
+        samples = scrape(coordinator, clock)
         shown = {s.labels["preload"] for s in samples["cachefs_preload_bytes_done"]}
         assert shown == {*ended, running}
         labels = {tuple(sorted(s.labels)) for s in samples["cachefs_preload_bytes"]}
         assert labels == {("dataset", "preload")}  # no "job": Prometheus's own label
 
         clock.now += PRELOAD_SERIES_RETENTION_S + 1
-        samples = scrape(cluster, clock)
+        samples = scrape(coordinator, clock)
         for name in ("bytes", "bytes_done", "objects", "objects_done", "failed_objects"):
             shown = [s.labels["preload"] for s in samples[f"cachefs_preload_{name}"]]
             assert shown == [running], (name, shown)
