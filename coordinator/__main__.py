@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     from hypercorn.trio import serve as hypercorn_serve
 
     from coordinator.app import create_app
-    from coordinator.scheduling.sources import HttpSource, WorkerSource
+    from coordinator.scheduling.sources import HttpSource, InMemorySource, WorkerSource
 
+    source: InMemorySource
     if args.worker_state:
         source = WorkerSource(args.worker_state, gpus_per_node=args.gpus_per_node)
     else:
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     config.bind = [args.listen]
     config.accesslog = None
     print(f"placement endpoint on http://{args.listen}/v1/placement", file=sys.stderr)
-    trio.run(partial(hypercorn_serve, create_app(source, source), config))
+    app = create_app(source, source)
+    # hypercorn types its app as its own ASGI callable, narrower than Starlette's signature.
+    trio.run(partial(hypercorn_serve, app, config))  # type: ignore[arg-type]
     return 0
 
 

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Req
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -45,7 +45,7 @@ from .cluster import Cluster
 from .docs import serve_docs_offline
 from .errors import NoPreloadJob, PreloadNotFound, http_status
 from .extender import extender_router
-from .json_types import STRICT, STRICT_OPEN, JsonDoc, JsonInt, json_int
+from .json_types import INTEGRAL, STRICT, STRICT_OPEN, JsonDoc, JsonInt
 from .scheduling.http import placement_router
 from .scheduling.model import Dataset
 from .scheduling.queue_api import LiveLocality, schedule_router
@@ -77,6 +77,10 @@ PATH_PREFIX_PATTERN = rf"^({_SEGMENT}(/{_SEGMENT}?)*)?$"
 # Shard numbers as heartbeats write them (str of an int in [0, SHARDS)).
 SHARD_PATTERN = r"^(0|[1-9][0-9]{0,2}|10[01][0-9]|102[0-3])$"
 ShardNumber = Annotated[str, Field(pattern=SHARD_PATTERN)]
+# Integers with their bounds in the spec (json_types' docstring says why the order matters).
+JobsPerCopy = Annotated[int, Field(ge=1, le=1 << 20), INTEGRAL]
+PositiveInt = Annotated[int, Field(gt=0), INTEGRAL]
+Count = Annotated[int, Field(ge=0), INTEGRAL]
 # The spec's "additionalProperties: false" beside the key pattern: other keys are refused.
 _SHARD_KEYS_ONLY = Field(json_schema_extra={"additionalProperties": False})
 
@@ -101,7 +105,7 @@ class DatasetIn(_Strict):
         DEFAULT_FIRST_BYTE_TIMEOUT_S, gt=0, le=600, description="one try of a store read"
     )
     refresh_interval_s: float | None = Field(None, gt=0, le=365 * 86400)
-    max_jobs_per_copy: json_int(ge=1, le=1 << 20) | None = Field(
+    max_jobs_per_copy: JobsPerCopy | None = Field(
         None, description="running jobs per cached copy (no limit if absent)"
     )
     overflow: Literal["suspend", "clone"] = Field(
@@ -125,10 +129,11 @@ class PolicyIn(_Strict):
     """Only the fields given change; ``max_jobs_per_copy: null`` removes the limit (the others
     cannot be null: a dataset always has an overflow and a cleanup policy)."""
 
-    max_jobs_per_copy: json_int(ge=1, le=1 << 20) | None = None
-    # None only stands for "not given" (model_fields_set); the spec shows no null and no default.
-    overflow: Literal["suspend", "clone"] = Field(None, json_schema_extra=_no_default)
-    cleanup: str = Field(None, pattern=CLEANUP_PATTERN, json_schema_extra=_no_default)
+    max_jobs_per_copy: JobsPerCopy | None = None
+    # Their defaults are never read: only the fields given change (model_fields_set), so the
+    # spec shows no default (and, unlike max_jobs_per_copy, no null).
+    overflow: Literal["suspend", "clone"] = Field("suspend", json_schema_extra=_no_default)
+    cleanup: str = Field("lock", pattern=CLEANUP_PATTERN, json_schema_extra=_no_default)
 
 
 class JobIn(_Strict):
@@ -176,7 +181,7 @@ class PreloadIn(_Strict):
         description="path prefixes, relative, without '..' (all if empty)",
     )
     fraction: float | None = Field(None, gt=0, le=1, description="share of each shard's bytes")
-    bytes: json_int(gt=0) | None = Field(None, description="byte budget over the selection")
+    bytes: PositiveInt | None = Field(None, description="byte budget over the selection")
     at: float | None = Field(
         None, ge=0, allow_inf_nan=False, description="unix time to start (now if absent)"
     )
@@ -217,7 +222,7 @@ class FillReport(_Report):
     copied_bytes: JsonInt = Field(0, ge=0)
     absent_blocks: JsonInt = Field(0, ge=0)
     failed_blocks: JsonInt = Field(0, ge=0)
-    failed_shards: Annotated[dict[ShardNumber, json_int(ge=0)], _SHARD_KEYS_ONLY] = Field(
+    failed_shards: Annotated[dict[ShardNumber, Count], _SHARD_KEYS_ONLY] = Field(
         default_factory=dict,
         description="shard -> blocks whose copy failed in the latest pass over it (the "
         "coordinator keeps such shards on the nodes that handed them off)",
@@ -240,7 +245,7 @@ class ShardReport(_Report):
 
 
 _CounterName = Annotated[str, Field(max_length=64)]
-_BucketCounts = Annotated[list[json_int(ge=0)], Field(max_length=65)]
+_BucketCounts = Annotated[list[Count], Field(max_length=65)]
 
 
 class ActivityReport(_Report):
@@ -248,7 +253,7 @@ class ActivityReport(_Report):
     stamped with its clock: kept as last reported for `cachefs stats`, acted on by nothing."""
 
     sampled_at: float = Field(0.0, ge=0, allow_inf_nan=False)
-    counters: dict[_CounterName, json_int(ge=0)] = Field(default_factory=dict, max_length=64)
+    counters: dict[_CounterName, Count] = Field(default_factory=dict, max_length=64)
     fuse_latency_bounds: list[float] = Field(default_factory=list, max_length=64)
     fuse_latency: dict[_CounterName, _BucketCounts] = Field(
         default_factory=dict, max_length=32, description="op -> counts per bucket, +Inf last"
@@ -330,7 +335,7 @@ def create_app(
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 405:
             # Starlette names only the methods of the first route on the path (FastAPI makes
             # one route per method).

@@ -19,6 +19,8 @@ import string
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
+from .json_types import JsonDoc
+
 DEFAULT_COPY = "A"
 
 
@@ -42,7 +44,7 @@ class FillState:
         keeps everything)."""
         return not self.reason.startswith("clone")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JsonDoc:
         return asdict(self)
 
 
@@ -63,7 +65,7 @@ class CopyState:
     # (see split_handed_off).
     failed_in_fill: list[int] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JsonDoc:
         return {
             "nodes": self.nodes,
             "created_at": self.created_at,
@@ -76,7 +78,7 @@ class CopyState:
         }
 
     @classmethod
-    def from_json(cls, data: dict | list | None) -> CopyState:
+    def from_json(cls, data: JsonDoc | list[str] | None) -> CopyState:
         if data is None or isinstance(data, list):  # before copies had metadata: the node list
             return cls(nodes=data)
         fill = data.get("fill")
@@ -156,7 +158,7 @@ class RankedNode:
     fraction: float
     why: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JsonDoc:
         return asdict(self)
 
 

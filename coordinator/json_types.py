@@ -6,15 +6,16 @@ therefore use :data:`STRICT` and declare integers as :data:`JsonInt`, which stri
 would get wrong the other way: JSON Schema counts ``5.0`` as an integer, strict pydantic does
 not.
 
-An optional integer with constraints is ``json_int(ge=1) | None``: constraints given on the
-union, or after the validator, would not reach the spec as ``minimum``.
+An integer with constraints is ``Annotated[int, Field(ge=1), INTEGRAL]`` (optional: ``… | None``):
+constraints given on the union, or after the validator, would not reach the spec as
+``minimum``.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict
 
 
 def _integral_float_to_int(value: Any) -> Any:
@@ -31,9 +32,7 @@ STRICT_OPEN = ConfigDict(strict=True)
 #: A JSON object as the API answers it and the state store keeps it (values of any JSON type).
 JsonDoc = dict[str, Any]
 
-JsonInt = Annotated[int, BeforeValidator(_integral_float_to_int)]
+#: Reads an integral float (``5.0``) as the integer JSON Schema says it is.
+INTEGRAL = BeforeValidator(_integral_float_to_int)
 
-
-def json_int(**constraints: Any) -> Any:
-    """:data:`JsonInt` with ``Field`` constraints (``ge=1``, ``le=…``) for an optional field."""
-    return Annotated[int, Field(**constraints), BeforeValidator(_integral_float_to_int)]
+JsonInt = Annotated[int, INTEGRAL]

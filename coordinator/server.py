@@ -206,9 +206,10 @@ async def serve(
         hyper.graceful_timeout = 1.0
         shutdown = trio.Event()
         async with trio.open_nursery() as nursery:
+            # hypercorn types its app as its own ASGI callable, narrower than Starlette's.
             await nursery.start(
                 lambda task_status: hypercorn_serve(
-                    app,  # type: ignore[arg-type]  # hypercorn's ASGI type is narrower than Starlette's
+                    app,  # type: ignore[arg-type]
                     hyper,
                     shutdown_trigger=shutdown.wait,
                     task_status=task_status,

@@ -36,7 +36,7 @@ _ARGS_BODY = {
         }
     },
 }
-_FILTER_ANSWER = {
+_FILTER_ANSWER: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "ExtenderFilterResult (always 200; a body that is no ExtenderArgs "
         "gets Error set)",
@@ -57,7 +57,7 @@ _FILTER_ANSWER = {
         },
     }
 }
-_PRIORITIZE_ANSWER = {
+_PRIORITIZE_ANSWER: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "HostPriorityList: a 0..10 score per node (always 200)",
         "content": {

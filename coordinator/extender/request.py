@@ -103,11 +103,10 @@ def parse_extender_args(body: bytes | str) -> ExtenderArgs:
 
 def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     """The dataset, locality and job a v1.Pod names (see the module's docstring)."""
-    meta = pod.get("metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else ""
-    name = meta.get("name") if isinstance(meta.get("name"), str) else ""
-    namespace = namespace or "default"
+    found = pod.get("metadata")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+    namespace = _text(meta.get("namespace")) or "default"
+    name = _text(meta.get("name"))
 
     dataset = setting(meta, DATASET_KEY)
     notes = []
@@ -162,6 +161,11 @@ def _field(obj: Mapping[str, Any], name: str) -> Any:
         if key.casefold() == folded:
             return value
     return None
+
+
+def _text(value: Any) -> str:
+    """``value`` if it is a string, else "" (a pod's fields come as any JSON)."""
+    return value if isinstance(value, str) else ""
 
 
 def _node_name(item: Any) -> str | None:

@@ -66,8 +66,8 @@ class Cleanup:
 
     def _ttl(self, now: float) -> None:
         for name, state in list(self.model.datasets.items()):
-            policy = CleanupPolicy.parse(state.spec.cleanup)
-            if policy.kind != "ttl":
+            ttl_s = CleanupPolicy.parse(state.spec.cleanup).ttl_s
+            if ttl_s is None:  # lock or lru
                 continue
             for copy_id in reversed(list(state.copies)):  # newest first: clones go first
                 copy = state.copies[copy_id]
@@ -83,9 +83,9 @@ class Cleanup:
                 if copy.freed_at is not None and copy.freed_at >= last_used:
                     continue  # freed, and nobody used it since
                 idle = now - last_used
-                if idle < policy.ttl_s:
+                if idle < ttl_s:
                     continue
-                reason = f"ttl: copy {copy_id} idle for {idle:.0f} s (ttl {policy.ttl_s:g} s)"
+                reason = f"ttl: copy {copy_id} idle for {idle:.0f} s (ttl {ttl_s:g} s)"
                 for node in nodes:
                     self.journal.add_task(node, "free", name, reason)
                 if len(state.copies) > 1:
@@ -121,7 +121,7 @@ class Cleanup:
 
             def last_used(dataset: str, held: dict[str, JsonDoc] = held) -> float:
                 return max(
-                    held[dataset].get("last_read_at", 0.0),
+                    float(held[dataset].get("last_read_at", 0.0)),
                     datasets[dataset].spec.created_at,
                 )
 

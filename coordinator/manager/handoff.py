@@ -129,12 +129,16 @@ class Fills:
         would leak it (:meth:`_finish` dropped the fill's reports already)."""
         for dataset, fill in fills.items():
             copy_id, fill_id = fill.get("copy"), fill.get("id")
-            if self._is_current(dataset, copy_id, fill_id):
+            if (
+                isinstance(copy_id, str)
+                and isinstance(fill_id, str)
+                and self._is_current(dataset, copy_id, fill_id)
+            ):
                 self.reports.setdefault(node, {})[(dataset, copy_id, fill_id)] = fill
 
-    def _is_current(self, dataset: str, copy_id: str | None, fill_id: str | None) -> bool:
+    def _is_current(self, dataset: str, copy_id: str, fill_id: str) -> bool:
         state = self.model.datasets.get(dataset)
-        copy = state.copies.get(copy_id) if state is not None and copy_id is not None else None
+        copy = state.copies.get(copy_id) if state is not None else None
         return copy is not None and copy.fill is not None and copy.fill.id == fill_id
 
     def _report(self, node: str, dataset: str, copy_id: str, fill_id: str) -> JsonDoc | None:

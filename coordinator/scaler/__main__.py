@@ -6,12 +6,17 @@ import argparse
 import logging
 import signal
 import sys
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from cachefs.client import CoordinatorClient, coordinator_url, find_token
 from cachefs.errors import CachefsError, ConfigError
 from cachefs.units import parse_duration
 
 from .controller import Settings
+
+if TYPE_CHECKING:
+    from kubernetes.client import CoreV1Api
 
 
 def _duration(text: str) -> float:
@@ -117,15 +122,20 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
-def kubernetes_api(kubeconfig: str | None):
+def kubernetes_api(kubeconfig: str | None) -> CoreV1Api:
     """A CoreV1Api: from ``kubeconfig`` if given, else the pod's service account."""
     from kubernetes import client, config
 
     configuration = client.Configuration()
+    # kubernetes ships no type information: its loaders are untyped to mypy.
     if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
     else:
-        config.load_incluster_config(client_configuration=configuration)
+        config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
     return client.CoreV1Api(client.ApiClient(configuration))
 
 
@@ -157,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     with CoordinatorClient(url, token) as coordinator:
         scaler = Scaler(core, coordinator, settings_from(args))
 
-        def _stop(signum, _frame) -> None:
+        def _stop(signum: int, _frame: FrameType | None) -> None:
             logging.getLogger("coordinator.scaler").info(
                 "received %s, stopping", signal.Signals(signum).name
             )

@@ -33,9 +33,12 @@ from .decide import (
     WORKER_LABEL_VALUE,
     CopyChange,
     CopyKey,
+    CopyView,
+    KubeNode,
     Limits,
     MetricHistory,
     Plan,
+    WorkerView,
     add_sample,
     copies_of,
     copy_name,
@@ -52,6 +55,9 @@ from .decide import (
 )
 
 log = logging.getLogger("coordinator.scaler")
+
+#: A Kubernetes object as its JSON (the client's "object" return type, no model classes).
+KubeObject = dict[str, Any]
 
 HTTP_GONE = 410
 
@@ -83,7 +89,7 @@ class Settings:
         return Limits(self.min_nodes, self.max_nodes, self.release_grace_s)
 
 
-def _key(obj: Mapping) -> str:
+def _key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace")
     return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
@@ -103,9 +109,9 @@ class Informer:
         self,
         what: str,
         list_call: Callable[..., Any],
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         *,
-        relevant: Callable[[Mapping], object],
+        relevant: Callable[[Mapping[str, Any]], object],
         on_change: Callable[[], None],
         settings: Settings,
         stopping: threading.Event,
@@ -118,27 +124,28 @@ class Informer:
         self._settings = settings
         self._stopping = stopping
         self._lock = threading.Lock()
-        self._objects: dict[str, dict] = {}
+        self._objects: dict[str, KubeObject] = {}
         self._watch: watch.Watch | None = None
         self.synced = threading.Event()
         self.stats: Counter[str] = Counter()
 
-    def objects(self) -> list[dict]:
+    def objects(self) -> list[KubeObject]:
         with self._lock:
             return list(self._objects.values())
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str) -> KubeObject | None:
         with self._lock:
             return self._objects.get(key)
 
-    def put(self, obj: dict) -> None:
+    def put(self, obj: KubeObject) -> None:
         """Store an object the scaler just wrote (the watch brings the same change later)."""
         self._update(obj)
 
     def stop(self) -> None:
         current = self._watch
         if current is not None:
-            current.stop()  # shuts the socket down: the blocked read returns
+            # kubernetes ships no type information (its calls are untyped to mypy).
+            current.stop()  # type: ignore[no-untyped-call]  # shuts the socket down
 
     def run(self) -> None:
         failures = 0
@@ -204,7 +211,7 @@ class Informer:
         }
         if changed or not self.synced.is_set():
             self._on_change()
-        return body["metadata"]["resourceVersion"]
+        return str(body["metadata"]["resourceVersion"])
 
     def _watch_from(self, resource_version: str) -> tuple[str, int]:
         """Watch until the server ends the stream; the last version seen, and how many events
@@ -212,12 +219,13 @@ class Informer:
         self.stats["watches"] += 1
         events = 0
         # "object": hand back the JSON as dicts (no model classes), resourceVersion still kept.
-        stream = watch.Watch(return_type="object")
+        # kubernetes ships no type information (its calls are untyped to mypy).
+        stream = watch.Watch(return_type="object")  # type: ignore[no-untyped-call]
         self._watch = stream
         if self._stopping.is_set():  # stop() ran before this watch existed
             return resource_version, events
         try:
-            for event in stream.stream(
+            for event in stream.stream(  # type: ignore[no-untyped-call]  # as Watch() above
                 self._list_call,
                 *self._args,
                 resource_version=resource_version,
@@ -241,10 +249,10 @@ class Informer:
             self._watch = None
         return resource_version, events
 
-    def _projection(self, obj: Mapping | None) -> object:
+    def _projection(self, obj: Mapping[str, Any] | None) -> object:
         return None if obj is None else self._relevant(obj)
 
-    def _update(self, obj: dict) -> None:
+    def _update(self, obj: KubeObject) -> None:
         key = _key(obj)
         with self._lock:
             old = self._objects.get(key)
@@ -252,7 +260,7 @@ class Informer:
         if self._projection(old) != self._projection(obj):
             self._on_change()
 
-    def _remove(self, obj: dict) -> None:
+    def _remove(self, obj: KubeObject) -> None:
         with self._lock:
             old = self._objects.pop(_key(obj), None)
         if self._projection(old) is not None:
@@ -276,23 +284,33 @@ class Scaler:
         self._clock = clock
         self._stopping = threading.Event()
         self._wake = threading.Event()
-        common = dict(on_change=self._wake.set, settings=settings, stopping=self._stopping)
+
+        def informer(
+            what: str,
+            list_call: Callable[..., Any],
+            args: tuple[Any, ...],
+            relevant: Callable[[Mapping[str, Any]], object],
+        ) -> Informer:
+            return Informer(
+                what,
+                list_call,
+                args,
+                relevant=relevant,
+                on_change=self._wake.set,
+                settings=settings,
+                stopping=self._stopping,
+            )
+
         if settings.namespaces:
             self.pod_informers = [
-                Informer(
-                    f"pods of {ns}",
-                    core.list_namespaced_pod,
-                    (ns,),
-                    relevant=training_pod,
-                    **common,
-                )
+                informer(f"pods of {ns}", core.list_namespaced_pod, (ns,), training_pod)
                 for ns in settings.namespaces
             ]
         else:
             self.pod_informers = [
-                Informer("pods", core.list_pod_for_all_namespaces, relevant=training_pod, **common)
+                informer("pods", core.list_pod_for_all_namespaces, (), training_pod)
             ]
-        self.node_informer = Informer("nodes", core.list_node, relevant=kube_node, **common)
+        self.node_informer = informer("nodes", core.list_node, (), kube_node)
         self._idle_since: dict[tuple[str, CopyKey], float] = {}
         self._metrics: dict[CopyKey, MetricHistory] = {}
         self._next_sample = clock()
@@ -407,7 +425,9 @@ class Scaler:
         self.stats["passes"] += 1
         return result
 
-    def _sample(self, copies, workers, now: float) -> None:
+    def _sample(
+        self, copies: dict[str, list[CopyView]], workers: dict[str, WorkerView], now: float
+    ) -> None:
         """One used-ratio sample per copy that has a live worker (with none, the ratio is 0
         because nothing reports capacity, not because the cache is empty)."""
         seen = set()
@@ -514,7 +534,7 @@ class Scaler:
 
     # --- Kubernetes nodes ----------------------------------------------------------------------
 
-    def _current(self, name: str):
+    def _current(self, name: str) -> KubeNode | None:
         obj = self.node_informer.get(name)
         return kube_node(obj) if obj is not None else None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from coordinator.pods import DATASET_KEY, job_id, setting
 
@@ -69,7 +70,7 @@ class TrainingPod:
     job: str | None  # the pod's cachefs job id (named or derived from its owner)
 
 
-def training_pod(pod: Mapping) -> TrainingPod | None:
+def training_pod(pod: Mapping[str, Any]) -> TrainingPod | None:
     """The pod as a training pod of a dataset, or None when it names no dataset or does not hold
     a node: not scheduled yet (no ``spec.nodeName``), finished (Succeeded/Failed) or being
     deleted (``deletionTimestamp``). A Pending pod already bound to a node counts: its node
@@ -113,7 +114,7 @@ class CopyView:
         return (self.dataset, self.copy)
 
 
-def copies_of(datasets: Iterable[Mapping]) -> dict[str, list[CopyView]]:
+def copies_of(datasets: Iterable[Mapping[str, Any]]) -> dict[str, list[CopyView]]:
     """Each dataset's copies in creation order (the first is the dataset's primary copy), from
     ``GET /v1/datasets``."""
     result: dict[str, list[CopyView]] = {}
@@ -147,7 +148,7 @@ class WorkerView:
     cached: Mapping[str, int] = field(default_factory=dict)  # dataset -> cached bytes
 
 
-def workers_of(nodes: Iterable[Mapping]) -> dict[str, WorkerView]:
+def workers_of(nodes: Iterable[Mapping[str, Any]]) -> dict[str, WorkerView]:
     result = {}
     for doc in nodes:
         tiers = doc.get("tiers", [])
@@ -157,7 +158,7 @@ def workers_of(nodes: Iterable[Mapping]) -> dict[str, WorkerView]:
     return result
 
 
-def job_copies(jobs: Iterable[Mapping]) -> dict[str, CopyKey]:
+def job_copies(jobs: Iterable[Mapping[str, Any]]) -> dict[str, CopyKey]:
     """Running cachefs jobs (``GET /v1/jobs``) -> the copy each was placed on."""
     return {
         job["id"]: (job["dataset"], job["copy"])
@@ -196,7 +197,7 @@ class KubeNode:
     added: Mapping[CopyKey, str] = field(default_factory=dict)  # copies the scaler added it to
 
 
-def kube_node(obj: Mapping) -> KubeNode:
+def kube_node(obj: Mapping[str, Any]) -> KubeNode:
     meta = obj.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
@@ -527,8 +528,8 @@ def _copy_change(
         change.reasons[name] = f"runs {pods_of_copy[name]} training pod(s) of {where}"
     # Event: remove nodes it added whose pods are gone (after the grace period).
     for name in sorted(view.nodes):
-        node = kube_nodes.get(name)
-        if node is None or node.added.get(view.key) != EVENT or name in pods_of_copy:
+        kube = kube_nodes.get(name)
+        if kube is None or kube.added.get(view.key) != EVENT or name in pods_of_copy:
             continue
         idle_for = now - idle_since.get((name, view.key), now)
         if idle_for < limits.release_grace_s:

@@ -14,12 +14,12 @@ does not know or candidate nodes not in the cluster; 409 when the policy lacks f
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field, field_validator
 
-from coordinator.json_types import STRICT, JsonInt, json_int
+from coordinator.json_types import INTEGRAL, STRICT, JsonInt
 
 from .model import (
     ClusterState,
@@ -64,7 +64,7 @@ class PlacementRequest(BaseModel):
         min_length=1,
         description="nodes the job may run on (all if absent; an empty list is refused)",
     )
-    max_gpus: json_int(ge=1, le=100_000) | None = None
+    max_gpus: Annotated[int, Field(ge=1, le=100_000), INTEGRAL] | None = None
     qos: Literal["urgent", "prior", "normal"] = "normal"
     epochs: float = Field(default=1.0, gt=0)
     samples_per_epoch: JsonInt = Field(default=DEFAULT_SAMPLES_PER_EPOCH, ge=1)
@@ -138,7 +138,7 @@ def profile_for(fields: ModelFields | None) -> ModelProfile:
     )
 
 
-_PLACEMENT_ERRORS: dict[int | str, dict] = {
+_PLACEMENT_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "The dataset or a candidate node is not known"},
     409: {"description": "The policy lacks facts it needs (node hardware, model FLOPs)"},
     503: {"description": "A locality or cluster source cannot be read"},
@@ -156,7 +156,7 @@ def placement_router(locality: LocalitySource, cluster: ClusterSource) -> APIRou
     async def place(request: PlacementRequest) -> PlacementResponse:
         try:
             await cluster.refresh()
-            if locality is not cluster:
+            if cast(object, locality) is not cluster:  # one source may serve both: refresh once
                 await locality.refresh()
             nodes = cluster.nodes()
             dataset = _dataset(locality, request.dataset)

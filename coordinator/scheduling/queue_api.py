@@ -38,7 +38,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, HTTPException
 from pydantic import BaseModel, Field, field_validator
 
-from coordinator.json_types import STRICT, JsonInt, json_int
+from coordinator.json_types import INTEGRAL, STRICT, JsonInt
 
 from .http import ModelFields, NodeGpus, known_policy, profile_for
 from .model import (
@@ -89,7 +89,7 @@ class _Strict(BaseModel):
 class QueueNode(_Strict):
     name: str = Field(pattern=NAME, description="the node's name (its cachefs node id)")
     free_gpus: JsonInt = Field(ge=0, le=MAX_NODE_GPUS, description="GPUs nothing holds now")
-    gpus: json_int(ge=0, le=MAX_NODE_GPUS) | None = Field(
+    gpus: Annotated[int, Field(ge=0, le=MAX_NODE_GPUS), INTEGRAL] | None = Field(
         None,
         description="the node's GPUs in all (default: free + held by the running jobs listed); "
         "bounds the request, GPUs held by others stay out of the policy's view",
@@ -132,7 +132,7 @@ class QueueJob(_Strict):
         le=MAX_JOB_GPUS,
         description="GPUs asked for: the gang size, or the ask of an elastic policy",
     )
-    max_gpus: json_int(ge=1, le=MAX_JOB_GPUS) | None = Field(
+    max_gpus: Annotated[int, Field(ge=1, le=MAX_JOB_GPUS), INTEGRAL] | None = Field(
         None, description="elastic policies may give up to this many (not less than gpus)"
     )
     dataset: str | None = Field(None, pattern=DATASET_NAME, description="cachefs dataset read")
@@ -179,9 +179,13 @@ class ScheduleRequest(_Strict):
         return known_policy(policy)
 
 
+#: What a decision tells a job to do.
+Action = Literal["start", "wait", "keep", "resize", "preempt"]
+
+
 class JobDecision(BaseModel):
     job: str
-    action: Literal["start", "wait", "keep", "resize", "preempt"]
+    action: Action
     placement: list[NodeGpus] = Field(description="the job's GPUs once the decision is applied")
     gpus: int
     reason: str
@@ -226,7 +230,7 @@ class QueueConflict(SchedulingError):
     """A well-formed request that contradicts itself or the cluster (409)."""
 
 
-_SCHEDULE_ERRORS: dict[int | str, dict] = {
+_SCHEDULE_ERRORS: dict[int | str, dict[str, Any]] = {
     409: {
         "description": "The queue contradicts itself (duplicate ids, a placement on a node not "
         "listed, more GPUs asked, held or free than the nodes have, an arrival after now, more "
@@ -377,7 +381,8 @@ def cluster_state(request: ScheduleRequest, live: LiveLocality) -> ClusterState:
     now = request.now
     if now is None:
         now = max((job.arrival for job in request.jobs), default=0.0)
-    running, waiting = [], []
+    running: list[JobState] = []
+    waiting: list[JobState] = []
     for job in request.jobs:
         if job.arrival > now:
             raise QueueConflict(f"job {job.id!r} arrives at {job.arrival:g}, after now ({now:g})")
@@ -454,13 +459,14 @@ def _per_job(request: ScheduleRequest, decisions: list[Decision]) -> list[JobDec
     """One decision per job in request order (a job the policy did not mention keeps what it
     has: its GPUs if it runs, its place in the queue if it waits)."""
     by_job: dict[str, Start | Resize | Wait] = {}
-    for decision in decisions:
-        if not isinstance(decision, Clone):
-            by_job[decision.job_id] = decision
+    for made in decisions:
+        if not isinstance(made, Clone):
+            by_job[made.job_id] = made
     answers = []
     for job in request.jobs:
         decision = by_job.get(job.id)
         current = {part.node: part.gpus for part in job.placement}
+        action: Action
         if isinstance(decision, Start):
             action, placement, reason = "start", decision.placement, decision.reason
         elif isinstance(decision, Resize) and decision.placement:

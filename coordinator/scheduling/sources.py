@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import httpx
@@ -266,7 +266,7 @@ class WorkerSource(InMemorySource):
             self._fetched_at = now
 
 
-def _worker_status(state_dir: str) -> dict:
+def _worker_status(state_dir: str) -> dict[str, Any]:
     from cachefs.client import ControlClient, WorkerNotRunning
 
     try:

@@ -154,7 +154,7 @@ class TdcsPolicy(Policy):
         open_copies = [
             index
             for index in range(len(copies))
-            if per_copy.get((job.dataset, index), 0) < self.max_jobs_per_copy
+            if per_copy.get((job.dataset or "", index), 0) < self.max_jobs_per_copy
         ]
         if open_copies:
             # The copy that lets the job take the most GPUs on its own nodes (S3) wins.

@@ -57,7 +57,7 @@ class LmdbStateStore:
     def list(self, prefix: str) -> list[tuple[str, bytes]]:
         start = prefix.encode()
 
-        def scan(txn: lmdb.Transaction) -> list[tuple[str, bytes]]:
+        def scan(txn: lmdb.Transaction[bytes]) -> list[tuple[str, bytes]]:
             cursor = txn.cursor()
             found = []
             if cursor.set_range(start):
@@ -74,7 +74,7 @@ class LmdbStateStore:
         return self._run(True, lambda txn: txn.put(key.encode(), value, overwrite=False))
 
     def compare_and_put(self, key: str, expected: bytes | None, value: bytes) -> bool:
-        def swap(txn: lmdb.Transaction) -> bool:
+        def swap(txn: lmdb.Transaction[bytes]) -> bool:
             if txn.get(key.encode()) != expected:
                 return False
             txn.put(key.encode(), value)
@@ -85,7 +85,7 @@ class LmdbStateStore:
     def close(self) -> None:
         self._env.close()
 
-    def _run(self, write: bool, body: Callable[[lmdb.Transaction], T]) -> T:
+    def _run(self, write: bool, body: Callable[[lmdb.Transaction[bytes]], T]) -> T:
         """Run ``body`` in one transaction (committed if it returns), with LMDB's errors
         turned into StateStoreError (a key that is not UTF-8 means the data is corrupt)."""
         try:
