@@ -78,9 +78,9 @@ PASS_TITLES = {
     "cachefs_warm": "cachefs warm (page cache holds the data)",
 }
 
-#: Files/s from /work/shared/anchors.md ("Measured here": 2 cores, 10,000 files of 110 KB, S3
-#: served by s3rver on loopback). Reference numbers measured on this machine type — NOT
-#: re-measured by this benchmark (issue 5 measures them side by side).
+#: Files/s of other systems measured earlier on this machine type (2 cores, 10,000 files of
+#: 110 KB, S3 served by s3rver on loopback) — NOT re-measured by this benchmark
+#: (the suite, python -m bench, measures s3fs and rclone side by side).
 REFERENCE_FILES_PER_S = {
     "s3fs 1.90": {"first_read": 357, "warm@1": 559, "warm@4": 1295},
     "rclone 1.60 (vfs-cache full)": {"first_read": 274, "warm@1": 934, "warm@4": 1540},
@@ -316,9 +316,9 @@ def sanity_notes(passes: Sequence[dict]) -> list[str]:
 
 
 def _reference_column(pass_name: str, threads: int) -> str:
-    """Which anchors.md column a cachefs pass is compared with. A RAM-tier first read is
+    """Which reference column a cachefs pass is compared with. A RAM-tier first read is
     compared with the peers' *warm* numbers (their best case: data in their cache and in the
-    page cache), since the anchors have no "cached, page cache dropped" column."""
+    page cache), since the references have no "cached, page cache dropped" column."""
     if pass_name == "cachefs_first_read_store":
         return "first_read"
     return f"warm@{threads}"
@@ -431,10 +431,10 @@ def render_markdown(results: dict) -> str:
         lines.append(f"| {r['what']} | {r['threads']} | {r['ratio']:.2f}x |")
     lines += [
         "",
-        "Reference numbers measured on this machine type (anchors.md; 2 cores, 10,000 files of "
+        "Reference numbers measured earlier on this machine type (2 cores, 10,000 files of "
         "110 KB, S3 served by s3rver on loopback), files/s. They were NOT re-measured in this "
-        "run: issue 5 measures s3fs and rclone side by side. Their first-read column measures "
-        "their backend (~270-380 GET/s), not the FUSE layer.",
+        "run: the suite (python -m bench) measures s3fs and rclone side by side. Their "
+        "first-read column measures their backend (~270-380 GET/s), not the FUSE layer.",
         "",
         "| system | first read | warm, 1 reader | warm, 4 readers |",
         "|---|---:|---:|---:|",
@@ -1158,7 +1158,7 @@ def assemble_results(
         "ratios": ratios,
         "targets": targets,
         "reference_files_per_s": REFERENCE_FILES_PER_S,
-        "reference_note": "anchors.md, measured on this machine type; not re-measured here",
+        "reference_note": "measured earlier on this machine type; not re-measured here",
         "notes": source.notes + sanity_notes(pass_dicts) + list(args.note or []),
     }
     if profiles:

@@ -12,8 +12,8 @@ a process of its own), and measures, each over every object once:
    process with ``T`` threads, for each ``T`` of ``--threads``: GETs/s, and that process's CPU
    per GET (user + system, from getrusage);
 2. ``lean``: the same loop through cachefs's lean bulk-GET client
-   (:class:`cachefs.store.s3_bulk.S3BulkReader`: botocore's SigV4 signer over pooled urllib3
-   connections, with cachefs's retries and hedging), same process layout and measures;
+   (:class:`cachefs.store.s3_bulk.S3BulkReader`: its own SigV4 signer over pooled keep-alive
+   HTTP/1.1 connections, with cachefs's retries and hedging), same process layout and measures;
 3. ``fetcher`` and ``fetcher-boto3``: the same GETs through ONE cachefs fetcher process
    (``FetcherPool(1)``) with ``T`` requests in flight, reading with the lean client (the
    default) or with S3Store (boto3, ``lean_s3=False``): GETs/s, and the fetcher process's CPU

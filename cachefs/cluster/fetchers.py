@@ -15,7 +15,7 @@ store answered "slow down" (the adaptive limit's signal), and the bytes follow i
 (``send_bytes``: not pickled).
 
 S3 sources are read through S3Store, whose GETs use the lean bulk-GET client
-(:class:`cachefs.store.s3_bulk.S3BulkReader`: botocore's SigV4 signer over pooled keep-alive
+(:class:`cachefs.store.s3_bulk.S3BulkReader`: its own SigV4 signer over pooled keep-alive
 connections, a fraction of boto3's client CPU per GET) unless ``lean_s3=False`` or the source's
 configuration needs boto3 (then botocore, logged once). OSS and local sources use their usual
 store clients.

@@ -13,7 +13,8 @@ Tasks run one at a time, in order, in a task of their own: freeing a large datas
 while and heartbeats must go on meanwhile. Each id runs at most once per process; its result is
 reported (``tasks_done``) while the view lists it. (Results are small and kept for the process's
 life: should an id be listed again, its old result is reported again, and it is not re-run.)
-The no-eviction reserve is never freed (DESIGN.md "Read path").
+The no-eviction reserve is never freed (docs/architecture.md: "Capacity and admission", and
+Cleanup under "The CacheManager").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Block reads: cache tiers first, then the object store, with concurrent misses coalesced.
 
-This is the heart of the read path (DESIGN.md "Read path"):
+This is the heart of the read path (docs/architecture.md, "Read path"):
 
     read(file, offset, size) → blocks → RAM tier → SSD tier → the shard's owner (peer)
                                  → object store (admitted here only when this node is the owner)

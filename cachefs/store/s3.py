@@ -23,6 +23,7 @@ import datetime
 import functools
 import logging
 import os
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -109,7 +110,7 @@ _NOT_OPENED = object()  # S3Store._lean before the first GET
 
 
 class S3Calls(RetriedStore):
-    """A store whose tries run botocore or urllib3 (S3Store, and the lean GET client of
+    """A store whose tries run botocore or sockets (S3Store, and the lean GET client of
     cachefs/store/s3_bulk.py): whatever they raise becomes a StoreError by :func:`map_error`."""
 
     def _attempt(self, key: str, call: Callable[[], T]) -> T:
@@ -320,7 +321,7 @@ def map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreErr
             f"AWS profile {exc.kwargs.get('profile')!r} not found in "
             "the credentials or config file",
         )
-    if isinstance(exc, botocore.exceptions.SSLError | urllib3.exceptions.SSLError):
+    if isinstance(exc, botocore.exceptions.SSLError | urllib3.exceptions.SSLError | ssl.SSLError):
         return error(StoreIOError, "TLS handshake with the store failed (SSLError)")
     if isinstance(
         exc,

@@ -4,11 +4,12 @@ Each boto3 ``get_object`` runs botocore's whole request pipeline: parameter vali
 serialisation, the endpoint rule set, a dozen event hooks, signing, and response parsing —
 several milliseconds of CPU for a 110 KB GET (``python -m bench.store_fetch_rate``), which made
 boto3 the limit of a preload on a small machine. :class:`S3BulkReader` sends the same GET
-itself: the request signed by botocore's own SigV4 signer (:class:`botocore.auth.S3SigV4Auth`,
-the S3 variant of ``SigV4Auth``: it signs the key's path as sent, without the path
-normalisation that would break keys such as ``a/../b``), over one pool of keep-alive
-connections (urllib3, which botocore itself sends through). It only reads ranges; listings,
-HEADs and everything else stay on :class:`~cachefs.store.s3.S3Store` (boto3).
+itself: signed by :class:`~cachefs.store.sigv4.GetSigner` (SigV4 with the key's path signed as
+sent, without path normalisation, as botocore's ``S3SigV4Auth`` does; checked against it in
+tests/store/test_sigv4.py), over keep-alive connections of :class:`~cachefs.store.http1.Http1Pool`
+(one sendall per request, the body received straight into its buffer: urllib3 and http.client
+cost ~0.5 ms of CPU per GET, botocore's signer ~0.2 ms). It only reads ranges; listings, HEADs
+and everything else stay on :class:`~cachefs.store.s3.S3Store` (boto3).
 
 What it shares with S3Store, so that both behave alike:
 
@@ -21,12 +22,13 @@ What it shares with S3Store, so that both behave alike:
   Credentials are botocore's credentials object, frozen anew for each request, so temporary
   ones are refreshed as boto3 would;
 - TLS: the CA bundle botocore would use (``ca_bundle`` / ``AWS_CA_BUNDLE``,
-  ``REQUESTS_CA_BUNDLE``, else certifi's) and botocore's TLS context;
+  ``REQUESTS_CA_BUNDLE``, else certifi's), botocore's TLS context, host names checked;
 - the retries: :class:`~cachefs.store.retry.HedgedReads` under the dataset's
   :class:`~cachefs.store.base.RetryPolicy` (hedges, per-try timeouts, backoff, the same
   give-up messages), the etag sent as ``If-Match`` on every try;
 - the errors: S3 error answers go through :func:`cachefs.store.s3.error_for_answer` and
-  network failures through :func:`cachefs.store.s3.map_error`, so a 404, a changed object, a
+  network failures (OSErrors, the HTTP client's own included) through
+  :func:`cachefs.store.s3.map_error`, so a 404, a changed object, a
   "SlowDown", rejected credentials read exactly as S3Store's do.
 
 Configurations it does not handle make the constructor raise :class:`BulkClientUnsupported`
@@ -37,21 +39,20 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import botocore.auth
 import botocore.awsrequest
 import botocore.exceptions
 import botocore.httpsession
 import botocore.session
 import botocore.utils
-import urllib3
-import urllib3.exceptions
 
 from cachefs.errors import ConfigError, ObjectChanged
 from cachefs.store.base import StoreConfig
+from cachefs.store.http1 import BodyCutShort, Http1Pool
 from cachefs.store.retry import (
     ATTEMPT_THREADS,
     Attempt,
@@ -67,6 +68,7 @@ from cachefs.store.s3 import (
     make_client,
     make_session,
 )
+from cachefs.store.sigv4 import GetSigner
 from cachefs.store.uri import SourceURI, check_endpoint, parse_uri
 
 #: The User-Agent of its requests: a store's logs (and the tests' fault proxy) tell them apart
@@ -104,14 +106,12 @@ class S3BulkReader(S3Calls):
         probe = self._call("connect", "", lambda: _probe(config, endpoint, source))
         self._url_start, self._path_start = probe.url_start, probe.path_start
         self._region, self._credentials = probe.region, probe.credentials
-        timeout = self._retry.attempt_timeout_s
-        self._pool = urllib3.connection_from_url(
+        self._signer = GetSigner(self._region)
+        self._pool = Http1Pool(
             probe.url_start,
-            maxsize=ATTEMPT_THREADS,  # one connection per thread that may run a try
-            block=False,
-            timeout=urllib3.Timeout(connect=timeout, read=timeout),
-            retries=False,  # ours is the only retry loop
-            **probe.tls,
+            timeout=self._retry.attempt_timeout_s,  # bounds the connect and every wait on it
+            tls=probe.tls,
+            max_idle=ATTEMPT_THREADS,  # one connection per thread that may run a try
         )
         self._reads = HedgedReads(self._retry, name="cachefs-s3-bulk")
 
@@ -122,9 +122,13 @@ class S3BulkReader(S3Calls):
             return b""
         # Quoted as botocore quotes a key in a URL path: UTF-8, everything but "/" and "~".
         path = self._path_start + quote(self._prefix + key, safe="/~")
-        headers = {"Range": f"bytes={offset}-{offset + length - 1}", "User-Agent": USER_AGENT}
+        headers = [
+            ("Range", f"bytes={offset}-{offset + length - 1}"),
+            ("User-Agent", USER_AGENT),
+            ("Accept-Encoding", "identity"),  # no header would allow any content coding
+        ]
         if etag is not None:
-            headers["If-Match"] = f'"{etag}"'
+            headers.append(("If-Match", f'"{etag}"'))
 
         return self._hedged_read(
             key,
@@ -143,45 +147,44 @@ class S3BulkReader(S3Calls):
         self,
         key: str,
         path: str,
-        headers: dict[str, str],
+        headers: list[tuple[str, str]],
         etag: str | None,
         length: int,
         attempt: Attempt,
     ) -> bytes:
         """One try: sign, send, check the answer's headers, read its body in one call."""
-        request = botocore.awsrequest.AWSRequest("GET", self._url_start + path, headers=headers)
         # Frozen per request: refreshable (temporary) credentials renew themselves here.
         credentials = self._credentials.get_frozen_credentials()
-        botocore.auth.S3SigV4Auth(credentials, "s3", self._region).add_auth(request)
-        response = self._pool.urlopen(
-            "GET",
-            path,
-            headers=dict(request.headers.items()),
-            redirect=False,
-            preload_content=False,  # the headers first: a lost try stops before the body
-            decode_content=False,
+        signature = self._signer.headers(
+            host=self._pool.host_header,
+            path=path,
+            access_key=credentials.access_key,
+            secret_key=credentials.secret_key,
+            token=credentials.token,
         )
+        # The headers first: a lost try stops before the body.
+        response = self._pool.get(path, headers + signature)
         attempt.first_byte()
         complete = False
         try:
             attempt.check_abandoned()
             if response.status >= 300:
-                code = _error_code(response.read(_ERROR_BODY_LIMIT, decode_content=False))
+                code = _error_code(response.read(_ERROR_BODY_LIMIT))
                 raise error_for_answer(
                     response.status, code, key=key, dataset=self._dataset, store=self.description
                 )
             # A store that ignores If-Match must still not hand us another version's bytes.
-            returned_etag = response.headers.get("ETag")
+            returned_etag = response.headers.get("etag")
             if etag is not None and returned_etag is not None and returned_etag.strip('"') != etag:
                 raise self._error(ObjectChanged, CHANGED, key)
-            announced = int(response.headers.get("Content-Length", 0))
+            announced = int(response.headers.get("content-length", 0))
             if announced > length:  # it ignored the Range header: never swallow a whole object
                 raise body_length_error(
                     announced, length, key=key, store=self.description, dataset=self._dataset
                 )
             try:
-                body = response.read(decode_content=False)
-            except urllib3.exceptions.ProtocolError as exc:
+                body = response.read()
+            except BodyCutShort as exc:
                 # The connection died mid-body (IncompleteRead is one): retry, never hand out
                 # the partial bytes.
                 cause = f"the body was cut short ({type(exc).__name__})"
@@ -191,7 +194,6 @@ class S3BulkReader(S3Calls):
         finally:
             if not complete:
                 response.close()  # unread bytes: this connection cannot carry another request
-            response.release_conn()
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +204,7 @@ class _Probe:
     path_start: str  # the URL path before the (quoted) key: "/bucket/" or "/"
     region: str  # the signing region
     credentials: Any  # botocore's credentials object (refreshable ones renew themselves)
-    tls: dict[str, Any]  # urllib3 pool arguments for https; {} for http
+    tls: ssl.SSLContext | None  # for https: verifying as botocore does; None for http
 
 
 def _probe(config: StoreConfig, endpoint: str | None, source: SourceURI) -> _Probe:
@@ -238,7 +240,7 @@ def _probe(config: StoreConfig, endpoint: str | None, source: SourceURI) -> _Pro
         path_start=url.path[: -len(quoted_key)],
         region=scope.group(1),
         credentials=session.get_credentials(),
-        tls=_tls_arguments(session) if url.scheme == "https" else {},
+        tls=_tls_context(session) if url.scheme == "https" else None,
     )
 
 
@@ -259,20 +261,23 @@ def _refuse_unsupported(request, url, quoted_key: str, scope: re.Match | None) -
         raise BulkClientUnsupported("the store's GET URL is not of the form endpoint + key")
 
 
-def _tls_arguments(session: botocore.session.Session) -> dict[str, Any]:
-    """urllib3 pool arguments for TLS as botocore verifies it: the CA bundle from the profile
+def _tls_context(session: botocore.session.Session) -> ssl.SSLContext:
+    """A TLS context that verifies as botocore does: botocore's context (protocol versions,
+    ciphers), certificates and host names checked against the CA bundle from the profile
     (``ca_bundle``, ``AWS_CA_BUNDLE``), else ``REQUESTS_CA_BUNDLE``, else certifi's; a bundle
-    that is a directory is a CA directory; botocore's TLS context."""
+    that is a directory is a CA directory."""
     verify = (
         session.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE") or True
     )
     ca_path = botocore.httpsession.get_cert_path(verify)
-    where = "ca_cert_dir" if os.path.isdir(ca_path) else "ca_certs"
-    return {
-        "cert_reqs": "CERT_REQUIRED",
-        where: ca_path,
-        "ssl_context": botocore.httpsession.create_urllib3_context(),
-    }
+    context = botocore.httpsession.create_urllib3_context()
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.check_hostname = True
+    if os.path.isdir(ca_path):
+        context.load_verify_locations(capath=ca_path)
+    else:
+        context.load_verify_locations(cafile=ca_path)
+    return context
 
 
 def _error_code(body: bytes) -> str:
