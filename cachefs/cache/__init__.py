@@ -1,7 +1,8 @@
 """SEAM B: the node's block cache. ``base`` holds the contract; ``TieredBlockCache`` is the
 implementation over RAM and SSD tier directories with an LMDB block index."""
 
+from cachefs.cache.opening import ADMISSION_POLICIES
 from cachefs.cache.tier import TierConfig
-from cachefs.cache.tiered import ADMISSION_POLICIES, CacheClosed, TieredBlockCache
+from cachefs.cache.tiered import CacheClosed, TieredBlockCache
 
 __all__ = ["ADMISSION_POLICIES", "CacheClosed", "TierConfig", "TieredBlockCache"]

@@ -19,8 +19,8 @@ changed in place on disk at any moment is never served. A block that fails (or w
 the wrong size) is dropped and counted as ``corrupt``, and the read returns None, so the caller
 fetches the block again.
 
-Locks: no LMDB call is made while holding ``self._lock`` or ``self._stamp_lock``, so they can
-never deadlock with LMDB's own writer lock.
+Locks: no LMDB call is made while holding ``self._lock`` (nor the access stamps' own lock,
+``stamps.py``), so they can never deadlock with LMDB's own writer lock.
 
 Reads keep the descriptors of recently read block files open (a bounded table per tier,
 ``open_files.py``): a block read in many FUSE requests is opened twice, not once per request.
@@ -29,9 +29,9 @@ Removing a block closes its descriptor, so the tmpfs memory of evicted blocks is
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
-import resource
 import threading
 from collections.abc import Callable, Collection
 
@@ -48,30 +48,36 @@ from cachefs.cache.base import (
     chunk_checksums,
     first_bad_chunk,
 )
-from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TierRecord, TotalsDelta
-from cachefs.cache.tier import Tier, TierConfig, prepare_directory
+from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TotalsDelta
+from cachefs.cache.opening import (
+    ADMISSION_AVOID_EVICTION,
+    ADMISSION_LRU,
+    attach_tiers,
+    sweep_orphans,
+    upgrade_legacy_entries,
+    validate,
+)
+from cachefs.cache.stamps import AccessStamps
+from cachefs.cache.tier import Tier, TierConfig
 from cachefs.errors import CachefsError, ConfigError
 
 log = logging.getLogger(__name__)
 
-ADMISSION_AVOID_EVICTION = "avoid-eviction"
-ADMISSION_LRU = "lru"
-ADMISSION_POLICIES = (ADMISSION_AVOID_EVICTION, ADMISSION_LRU)
-
 DEFAULT_INDEX_MAP_SIZE = 8 << 30  # address space, not disk: LMDB grows the file as needed
-#: How often access stamps recorded by reads are written to the index (LRU order).
-STAMP_FLUSH_INTERVAL_S = 1.0
 # Eviction makes room and then claims it; a concurrent put may take the room in between.
 _MAKE_ROOM_ATTEMPTS = 3
 # evict_source removes in batches so that one huge dataset does not hold the write lock long.
 _REMOVE_BATCH = 4096
-_MAX_TIERS = 256  # tier ids are one byte in the index
-#: Block file descriptors kept open, all tiers together (at most a quarter of RLIMIT_NOFILE:
-#: sockets to the store and to peers, LMDB and /dev/fuse need the rest).
-OPEN_BLOCK_FILES = 256
 
-_VANISHED = object()  # read_entry: the file was not there
-_CORRUPT = object()  # read_entry: the file failed the size or checksum check
+
+class _Unread(enum.Enum):
+    """Why _read_entry returned no bytes."""
+
+    VANISHED = "the file was not there"
+    CORRUPT = "the file failed the size or checksum check"
+
+
+_VANISHED, _CORRUPT = _Unread.VANISHED, _Unread.CORRUPT
 
 
 class CacheClosed(CachefsError):
@@ -95,7 +101,7 @@ class TieredBlockCache:
         promote: bool = False,
         index_map_size: int = DEFAULT_INDEX_MAP_SIZE,
     ) -> None:
-        _validate(tiers, admission)
+        validate(tiers, admission)
         self._index_dir = index_dir
         self._evict_when_full = admission == ADMISSION_LRU
         self._promote = promote
@@ -105,120 +111,29 @@ class TieredBlockCache:
         self._in_flight: dict[bytes, threading.Event] = {}
         self._closed = False
         self._admitted = self._refused = self._evicted = self._corrupt = self._missing = 0
-        # Reads only record (key → stamp) here; stamps reach the index in batches. So do the
-        # chunk checksums that reads compute for entries from index format 1 (key → (file id,
-        # checksums)): until then, such a block is verified whole on every read.
-        self._stamp_lock = threading.Lock()
-        self._touched: dict[bytes, int] = {}
-        self._chunk_upgrades: dict[bytes, tuple[int, bytes]] = {}
         self._thread_buffers = threading.local()  # open_verified's check buffers
 
         self._index = BlockIndex(index_dir, index_map_size)
         try:
             was_clean = self._index.start_session()
-            self._tiers, new_tiers = self._attach_tiers(tiers)
+            self._tiers, new_tiers = attach_tiers(self._index, tiers)
             self._tier_by_id = {tier.tier_id: tier for tier in self._tiers}
             self._tier_by_name = {tier.name: tier for tier in self._tiers}
-            upgraded = self._index.legacy_format and self._upgrade_legacy_entries()
-            self._sweep_orphans(self._tiers if not was_clean else new_tiers)
+            upgraded = self._index.legacy_format and upgrade_legacy_entries(
+                self._index, self._tier_by_id
+            )
+            sweep_orphans(self._index, self._tiers if not was_clean else new_tiers)
             self._load_totals()
-            self._clock = self._index.clock()
+            # The LRU clock, and reads' access stamps on their way to the index (stamps.py).
+            self._stamps = AccessStamps(self._index)
             if upgraded:
                 self._fit_to_capacity()
         except BaseException:
             self._index.close()  # not marked clean: the next open sweeps again
             raise
-        self._stop_flusher = threading.Event()
-        self._flusher = threading.Thread(
-            target=self._flush_stamps_periodically, name="cachefs-cache-stamps", daemon=True
-        )
-        self._flusher.start()
+        self._stamps.start()
 
     # --- opening --------------------------------------------------------------------------------
-
-    def _attach_tiers(self, configs: list[TierConfig]) -> tuple[list[Tier], list[Tier]]:
-        """Give each configured tier its id, and drop index entries that no longer point at
-        files: tiers whose directory was wiped or replaced, and tiers no longer configured.
-
-        Returns all tiers, and those new to the index (their directories may hold files that no
-        entry describes)."""
-        records = self._index.tier_records()
-        instance_ids = [prepare_directory(config.path) for config in configs]
-        taken_ids = {record.tier_id for record in records.values()}
-        free_ids = (tier_id for tier_id in range(_MAX_TIERS) if tier_id not in taken_ids)
-        tiers = []
-        new_tiers = []
-        with self._index.write() as writer:
-            for config, instance_id in zip(configs, instance_ids, strict=True):
-                record = records.pop(config.name, None)
-                known = record is not None and record.instance_id == instance_id
-                if record is not None and not known:
-                    dropped = self._drop_tier_entries(writer, record.tier_id)
-                    log.warning(
-                        "cache tier %r: directory %s was emptied or replaced since the last run; "
-                        "dropped %d index entries",
-                        config.name,
-                        config.path,
-                        dropped,
-                    )
-                if not known:
-                    tier_id = next(free_ids) if record is None else record.tier_id
-                    record = TierRecord(tier_id, instance_id)
-                    writer.register_tier(config.name, record)
-                tier = Tier(config, record.tier_id, _open_files_per_tier(len(configs)))
-                tiers.append(tier)
-                if not known:
-                    new_tiers.append(tier)
-            for name, record in records.items():
-                dropped = self._drop_tier_entries(writer, record.tier_id)
-                writer.unregister_tier(name)
-                log.warning(
-                    "cache tier %r is no longer configured; dropped its %d index entries "
-                    "(its files were left in place)",
-                    name,
-                    dropped,
-                )
-        return tiers, new_tiers
-
-    @staticmethod
-    def _drop_tier_entries(writer: IndexWriter, tier_id: int) -> int:
-        entries = writer.entries_of_tier(tier_id)
-        for raw, entry in entries:
-            writer.remove(raw, entry)
-        return len(entries)
-
-    def _sweep_orphans(self, tiers: list[Tier]) -> None:
-        """Delete block files that have no index entry, so disk use matches the accounting.
-        Needed after an unclean shutdown (files written just before a crash, or whose entry was
-        lost) and for tier directories the index does not know."""
-        for tier in tiers:
-            removed = 0
-            for raw, file_id, path in tier.iter_block_files():
-                value = self._index.get(raw)
-                entry = None if value is None else Entry.unpack(value)
-                if entry is None or (entry.tier_id, entry.file_id) != (tier.tier_id, file_id):
-                    os.unlink(path)
-                    removed += 1
-            if removed:
-                log.info("cache tier %r: removed %d orphaned block files", tier.name, removed)
-
-    def _upgrade_legacy_entries(self) -> bool:
-        """Bring an index of format 1 to the current one, in one transaction: each entry gets
-        its footprint (its totals counted its size), and the index the new format version.
-        The entries' chunk checksums are left for the first read of each block, which verifies
-        the whole block against its checksum from format 1 and computes them (reading every
-        block here would make opening a large SSD tier take minutes). Returns whether any
-        entry was upgraded."""
-        upgraded = 0
-        with self._index.write() as writer:
-            for raw, entry in list(writer.legacy_entries()):
-                tier = self._tier_by_id[entry.tier_id]  # other tiers' entries are dropped
-                writer.remove(raw, entry)
-                writer.insert(raw, entry._replace(footprint=tier.footprint(entry.size)))
-                upgraded += 1
-            writer.mark_format_current()
-        log.info("block cache index %s: upgraded %d entries to format 2", self._index_dir, upgraded)
-        return upgraded > 0
 
     def _fit_to_capacity(self) -> None:
         """Evict least recently used blocks from tiers whose blocks take more room than their
@@ -288,7 +203,7 @@ class TieredBlockCache:
         promotable = self._promote and block_tier is not self._tiers[0]
         if not entry.chunk_checksums or promotable:
             return self.read_with_checksums(key, tier=tier)
-        self._touch(raw)
+        self._stamps.touch(raw)
         open_files = block_tier.open_files
         try:
             fd, stat, kept = open_files.open(raw, entry.file_id)
@@ -333,7 +248,7 @@ class TieredBlockCache:
             if result is _CORRUPT:
                 self._drop(raw, entry, corrupt=True)
                 return None
-            if result is not _VANISHED:
+            if not isinstance(result, _Unread):
                 return result, entry
             value = self._index.get(raw)
             if value is not None and Entry.unpack(value).file_id == entry.file_id:
@@ -346,11 +261,11 @@ class TieredBlockCache:
         tier = self._tier_by_name.get(name)
         return -1 if tier is None else tier.tier_id
 
-    def _read_entry(self, raw: bytes, entry: Entry, offset: int, length: int) -> object:
+    def _read_entry(self, raw: bytes, entry: Entry, offset: int, length: int) -> bytes | _Unread:
         """Bytes ``[offset, offset+length)`` of the block ``entry`` describes, after checking
         every chunk they touch; or _VANISHED, or _CORRUPT."""
         tier = self._tier_by_id[entry.tier_id]
-        self._touch(raw)
+        self._stamps.touch(raw)
         open_files = tier.open_files
         try:
             fd, stat, kept = open_files.open(raw, entry.file_id)
@@ -379,7 +294,7 @@ class TieredBlockCache:
             if first_bad_chunk(span, entry.chunk_checksums, start // CHUNK_SIZE) is not None:
                 return _CORRUPT
         elif checksum(span) == entry.checksum:  # an entry from index format 1
-            self._add_chunk_checksums(raw, entry.file_id, chunk_checksums(span))
+            self._stamps.add_chunk_checksums(raw, entry.file_id, chunk_checksums(span))
         else:
             return _CORRUPT
         if promotable:
@@ -387,21 +302,6 @@ class TieredBlockCache:
         if offset >= end:
             return b""
         return span if (start, stop) == (offset, end) else span[offset - start : end - start]
-
-    def _add_chunk_checksums(self, raw: bytes, file_id: int, chunk_sums: bytes) -> None:
-        """Queue the chunk checksums of an entry from index format 1 for the next index write."""
-        with self._stamp_lock:
-            self._chunk_upgrades[raw] = (file_id, chunk_sums)
-
-    def _touch(self, raw: bytes) -> None:
-        with self._stamp_lock:
-            self._clock += 1
-            self._touched[raw] = self._clock
-
-    def _next_stamp(self) -> int:
-        with self._stamp_lock:
-            self._clock += 1
-            return self._clock
 
     # --- admission ------------------------------------------------------------------------------
 
@@ -450,7 +350,7 @@ class TieredBlockCache:
         # not from the file: every later read is checked against what was handed to put().
         block_checksum = checksum(data)
         chunk_sums = chunk_checksums(data)
-        file_id = self._next_stamp()
+        file_id = self._stamps.next()
         try:
             tier.write_block(raw, file_id, data)
         except OSError as exc:
@@ -460,14 +360,14 @@ class TieredBlockCache:
             return None
         try:
             with self._index.write() as writer:
-                self._write_stamps(writer)
+                self._stamps.write(writer)
                 entry = Entry(
                     tier_id=tier.tier_id,
                     reserved=self._reserved_on_admission(writer, tier, footprint),
                     size=size,
                     footprint=footprint,
                     checksum=block_checksum,
-                    stamp=self._next_stamp(),
+                    stamp=self._stamps.next(),
                     file_id=file_id,
                     chunk_checksums=chunk_sums,
                 )
@@ -535,7 +435,7 @@ class TieredBlockCache:
     def _evict_oldest(self, tier: Tier, nbytes: int, source_id: int | None = None) -> int:
         """Evict until ``nbytes`` of the tier's room are freed; returns the room freed."""
         with self._index.write() as writer:
-            self._write_stamps(writer)  # so the order reflects every read so far
+            self._stamps.write(writer)  # so the order reflects every read so far
             victims = writer.oldest_evictable(tier.tier_id, nbytes, source_id)
             for raw, entry in victims:
                 writer.remove(raw, entry)
@@ -644,7 +544,7 @@ class TieredBlockCache:
             if target is None:
                 return
             footprint = target.footprint(entry.size)
-            file_id = self._next_stamp()
+            file_id = self._stamps.next()
             try:
                 target.write_block(raw, file_id, data)
                 delta = self._commit_move(raw, entry, target, file_id)
@@ -684,7 +584,7 @@ class TieredBlockCache:
                 tier_id=target.tier_id,
                 reserved=self._reserved_on_admission(writer, target, footprint),
                 footprint=footprint,
-                stamp=self._next_stamp(),
+                stamp=self._stamps.next(),
                 file_id=file_id,
             )
             writer.insert(raw, moved)
@@ -712,29 +612,6 @@ class TieredBlockCache:
             else:
                 self._shard_bytes.pop(shard_prefix, None)
 
-    def _write_stamps(self, writer: IndexWriter) -> None:
-        """Write the access stamps (and chunk checksums of format 1 entries) recorded by reads
-        since the last batch."""
-        with self._stamp_lock:
-            touched, self._touched = self._touched, {}
-            upgrades, self._chunk_upgrades = self._chunk_upgrades, {}
-        for raw, stamp in touched.items():
-            writer.restamp(raw, stamp)
-        for raw, (file_id, chunk_sums) in upgrades.items():
-            writer.add_chunk_checksums(raw, file_id, chunk_sums)
-
-    def _flush_stamps(self) -> None:
-        if self._touched or self._chunk_upgrades:
-            with self._index.write() as writer:
-                self._write_stamps(writer)
-
-    def _flush_stamps_periodically(self) -> None:
-        while not self._stop_flusher.wait(STAMP_FLUSH_INTERVAL_S):
-            try:
-                self._flush_stamps()
-            except Exception:
-                log.exception("block cache: writing access stamps failed")
-
     def _check_open(self) -> None:
         if self._closed:
             raise CacheClosed(f"block cache {self._index_dir} is closed")
@@ -755,7 +632,7 @@ class TieredBlockCache:
         value = self._index.get(raw)
         if value is None:
             return None
-        self._touch(raw)
+        self._stamps.touch(raw)
         entry = Entry.unpack(value)
         path = self._tier_by_id[entry.tier_id].block_path(raw, entry.file_id)
         return BlockFile(path, entry.size, entry.checksum)
@@ -818,7 +695,7 @@ class TieredBlockCache:
     def flush(self) -> None:
         """Write pending access stamps and sync the index to disk (call periodically)."""
         self._check_open()
-        self._flush_stamps()
+        self._stamps.flush()
         self._index.sync()
 
     def close(self) -> None:
@@ -829,9 +706,7 @@ class TieredBlockCache:
             self._closed = True
             while self._in_flight:
                 self._nothing_in_flight.wait()
-        self._stop_flusher.set()
-        self._flusher.join()
-        self._flush_stamps()
+        self._stamps.stop()
         self._index.end_session()
         for tier in self._tiers:
             tier.open_files.close()
@@ -841,33 +716,6 @@ class TieredBlockCache:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _validate(tiers: list[TierConfig], admission: str) -> None:
-    if admission not in ADMISSION_POLICIES:
-        raise ConfigError(
-            f"cache admission policy {admission!r} is unknown "
-            f"(choose one of: {', '.join(ADMISSION_POLICIES)})"
-        )
-    if not tiers:
-        raise ConfigError("the block cache needs at least one tier")
-    if len(tiers) > _MAX_TIERS:
-        raise ConfigError(f"the block cache supports at most {_MAX_TIERS} tiers")
-    names = [tier.name for tier in tiers]
-    paths = [os.path.abspath(tier.path) for tier in tiers]
-    for what, values in (("name", names), ("directory", paths)):
-        duplicates = sorted({value for value in values if values.count(value) > 1})
-        if duplicates:
-            raise ConfigError(f"cache tiers must differ in {what}; repeated: {duplicates}")
-
-
-def _open_files_per_tier(tiers: int) -> int:
-    """Each tier's share of OPEN_BLOCK_FILES, within a quarter of the descriptor limit."""
-    total = OPEN_BLOCK_FILES
-    soft_limit, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft_limit != resource.RLIM_INFINITY:
-        total = min(total, soft_limit // 4)
-    return total // tiers
 
 
 def _pread_exact(fd: int, size: int, offset: int) -> bytes | None:

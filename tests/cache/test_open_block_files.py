@@ -14,7 +14,7 @@ import threading
 import pytest
 
 import cachefs.cache.open_files as open_files_module
-import cachefs.cache.tiered as tiered_module
+import cachefs.cache.opening as opening_module
 from cachefs.cache.open_files import OpenBlockFiles
 from tests.cache.blockcache_helpers import BLOCK, block_data, block_files_du, key
 
@@ -200,7 +200,7 @@ def test_promotion_closes_the_file_it_moves_the_block_out_of(make_cache, tmp_pat
 
 
 def test_the_open_files_stay_within_the_limit(make_cache, tmp_path, monkeypatch):
-    monkeypatch.setattr(tiered_module, "OPEN_BLOCK_FILES", 10)
+    monkeypatch.setattr(opening_module, "OPEN_BLOCK_FILES", 10)
     cache = make_cache(ram=40 * BLOCK, ssd=40 * BLOCK)
     for i in range(60):
         cache.put(key(i), block_data(i))
@@ -255,7 +255,7 @@ def test_concurrent_reads_and_removals_leave_no_file_of_a_removed_block_open(
     """Reads on several threads race with evictions, removals and promotions of the same
     blocks, with a small descriptor table so that pushing out races too: the bytes are always
     right, and afterwards no descriptor of a removed file is left."""
-    monkeypatch.setattr(tiered_module, "OPEN_BLOCK_FILES", 8)
+    monkeypatch.setattr(opening_module, "OPEN_BLOCK_FILES", 8)
     cache = make_cache(ram=6 * BLOCK, ssd=10 * BLOCK, admission="lru", promote=True)
     threads_count = 6
     start = threading.Barrier(threads_count)
@@ -298,7 +298,7 @@ def test_concurrent_reads_and_removals_leave_no_file_of_a_removed_block_open(
 
 @pytest.mark.parametrize("limit", [0, 1])
 def test_tiny_tables_still_read_right(make_cache, tmp_path, monkeypatch, limit):
-    monkeypatch.setattr(tiered_module, "OPEN_BLOCK_FILES", limit)
+    monkeypatch.setattr(opening_module, "OPEN_BLOCK_FILES", limit)
     cache = make_cache()
     for i in range(3):
         cache.put(key(i), block_data(i))
