@@ -64,10 +64,10 @@ def installed_version() -> str:
     when run from a source tree that was never installed (``PYTHONPATH=. python -m cachefs``)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from cachefs import __version__
+    from cachefs import DISTRIBUTION_NAME, __version__
 
     try:
-        return version("cachefs")
+        return version(DISTRIBUTION_NAME)
     except PackageNotFoundError:
         return __version__
 

@@ -22,6 +22,11 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# The distribution was called "cachefs" before (on the public package index that name is an
+# unrelated project): an old install of it would shadow cachefs-dl's, so it goes first.
+if .venv/bin/python -m pip show -q cachefs >/dev/null 2>&1; then
+  .venv/bin/python -m pip uninstall -q -y cachefs
+fi
 # One resolve for every extra: installed on its own, the newest kubernetes client wants a
 # python-dateutil that botocore refuses.
 .venv/bin/python -m pip install -q -e ".[dev,bench,tf,k8s]"

@@ -70,7 +70,7 @@ def subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
 
 
 def test_version_prints_the_installed_version_and_exits_0():
-    installed = importlib.metadata.version("cachefs")
+    installed = importlib.metadata.version(cachefs.DISTRIBUTION_NAME)
     for command in (CACHEFS, [str(Path(sys.executable).with_name("cachefs"))]):
         done = subprocess.run(
             [*command, "--version"], capture_output=True, text=True, timeout=120, cwd=ROOT
@@ -82,7 +82,17 @@ def test_the_installed_version_is_the_projects_and_the_packages():
     """pyproject.toml's version, the installed metadata and ``cachefs.__version__`` (what the
     worker's status and the CSI plugin report) are one: a bump that misses one fails here."""
     declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
-    assert importlib.metadata.version("cachefs") == declared == cachefs.__version__
+    assert importlib.metadata.version(cachefs.DISTRIBUTION_NAME) == declared == cachefs.__version__
+
+
+def test_the_distribution_name_is_the_one_the_code_looks_up():
+    """pyproject.toml's [project] name is cachefs.DISTRIBUTION_NAME (what --version reads), and
+    it is not "cachefs": that name on the public package index is an unrelated project."""
+    declared = re.search(r'^name = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    assert declared == cachefs.DISTRIBUTION_NAME != "cachefs"
+    assert importlib.metadata.distribution(declared).entry_points.select(
+        group="console_scripts", name="cachefs"
+    )
 
 
 def test_version_from_a_source_tree_that_was_never_installed(monkeypatch):
