@@ -155,7 +155,7 @@ class PeerClient:
         self._connecting: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -300,8 +300,9 @@ class PeerClient:
         on it fails at once: one stalled peer costs the timeout once, not once per request)."""
         self._down_until[address] = time.monotonic() + self._cooldown_s
         current = self._connections.pop(address, None)
-        for stale in {current, connection} - {None}:
-            stale.close(reason or "marked down")
+        for stale in {current, connection}:
+            if stale is not None:
+                stale.close(reason or "marked down")
 
     def is_cooling(self, address: str) -> bool:
         deadline = self._down_until.get(address)
@@ -314,7 +315,7 @@ class PeerClient:
 
 
 @asynccontextmanager
-async def open_peer_client(token: str, **kwargs) -> AsyncIterator[PeerClient]:
+async def open_peer_client(token: str, **kwargs: float) -> AsyncIterator[PeerClient]:
     """A running :class:`PeerClient` for the duration of the block."""
     client = PeerClient(token, **kwargs)
     async with trio.open_nursery() as nursery:

@@ -68,7 +68,12 @@ class PeerServer:
         self.inflight = 0  # blocks being served now, over all connections
         self.connections = 0  # open connections now
 
-    async def serve(self, listener: socket.socket, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self,
+        listener: socket.socket,
+        *,
+        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Accept connections on ``listener`` (a bound TCP socket, handed over) until
         cancelled."""
         listener.listen(socket.SOMAXCONN)

@@ -84,7 +84,8 @@ def request_names_length(head: bytes) -> int:
     _, _, dataset_len, etag_len, key_len, _, _, _ = REQUEST.unpack(head)
     if dataset_len > MAX_NAME_LEN or etag_len > MAX_NAME_LEN or key_len > MAX_NAME_LEN:
         raise ValueError("a name in the request is longer than 64 KiB")
-    return dataset_len + etag_len + key_len
+    names_length: int = dataset_len + etag_len + key_len  # Struct.unpack's items are Any
+    return names_length
 
 
 def decode_request(head: bytes, names: bytes) -> tuple[int, BlockRequest]:

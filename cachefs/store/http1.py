@@ -286,7 +286,7 @@ def _read_line(connection: _Connection) -> bytes:
 
 
 def _read_chunked(connection: _Connection, limit: int | None) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     total = 0
     while True:
         size_text = _read_line(connection).split(b";", 1)[0].strip()

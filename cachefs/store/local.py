@@ -20,6 +20,7 @@ ETags are ``f"{mtime_ns:x}-{size:x}"``: a rewrite that changes the size or the m
 
 from __future__ import annotations
 
+import builtins
 import os
 import stat
 from collections.abc import Iterator
@@ -71,7 +72,9 @@ class LocalStore:
             marker = self._directory_marker(real_root, start)
             if marker is not None:
                 yield marker
-        stack = [iter(self._sorted_children(real_root, start, prefix))]
+        stack: builtins.list[Iterator[tuple[str, ObjectInfo | None]]] = [
+            iter(self._sorted_children(real_root, start, prefix))
+        ]
         while stack:
             child = next(stack[-1], None)
             if child is None:
@@ -132,11 +135,11 @@ class LocalStore:
 
     def _sorted_children(
         self, real_root: str, rel_dir: str, prefix: str
-    ) -> list[tuple[str, ObjectInfo | None]]:
+    ) -> builtins.list[tuple[str, ObjectInfo | None]]:
         """(key, info) of the entries of ``rel_dir`` that can hold keys starting with
         ``prefix``, in walk order. A subdirectory's key ends in "/"; its info (its marker) is
         None when only keys below it start with the prefix."""
-        children: list[tuple[bytes, str, ObjectInfo | None]] = []
+        children: builtins.list[tuple[bytes, str, ObjectInfo | None]] = []
         for entry in self._scandir(real_root, rel_dir):
             key = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             sort_name = os.fsencode(entry.name)
@@ -182,7 +185,7 @@ class LocalStore:
             raise self._map_os_error(err, key) from err
         return _info(key, st)
 
-    def _scandir(self, real_root: str, rel_dir: str) -> list[os.DirEntry[str]]:
+    def _scandir(self, real_root: str, rel_dir: str) -> builtins.list[os.DirEntry[str]]:
         path = os.path.join(real_root, rel_dir) if rel_dir else real_root
         try:
             with os.scandir(path) as entries:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import urllib3.exceptions
 
@@ -120,7 +120,8 @@ def call_with_retries(
 
 def backoff_s(policy: RetryPolicy, failures: int, jitter: Callable[[], float]) -> float:
     """The pause after the ``failures``-th failure: "full jitter" exponential backoff."""
-    return jitter() * min(policy.max_delay_s, policy.base_delay_s * 2 ** (failures - 1))
+    growth: int = 2 ** (failures - 1)  # failures >= 1: an int (typeshed says Any for int ** int)
+    return jitter() * min(policy.max_delay_s, policy.base_delay_s * growth)
 
 
 class AttemptAbandoned(Exception):
@@ -166,7 +167,7 @@ class Attempt:
 @dataclass
 class _Outcome:
     attempt: Attempt | None  # None: no try's outcome, the store was closed
-    result: Any = None
+    result: Any = None  # what the try's read returned (a T of its _OneRead[T])
     error: BaseException | None = None
 
 
@@ -223,7 +224,7 @@ class HedgedReads:
         self._in_flight = 0
         self._throttled_tries = 0
         self._closed = False
-        self._waiting: set[queue.SimpleQueue] = set()  # the outcomes of reads not ended
+        self._waiting: set[queue.SimpleQueue[_Outcome]] = set()  # the outcomes of reads not ended
 
     @property
     def in_flight(self) -> int:
@@ -275,7 +276,10 @@ class HedgedReads:
                 self._waiting.discard(one_read.outcomes)
 
     def _launch(
-        self, read: Callable[[Attempt], T], attempt: Attempt, outcomes: queue.SimpleQueue
+        self,
+        read: Callable[[Attempt], T],
+        attempt: Attempt,
+        outcomes: queue.SimpleQueue[_Outcome],
     ) -> None:
         with self._lock:
             self._in_flight += 1
@@ -286,7 +290,7 @@ class HedgedReads:
             raise
         future.add_done_callback(self._dropped_if_cancelled)
 
-    def _dropped_if_cancelled(self, future: Future) -> None:
+    def _dropped_if_cancelled(self, future: Future[None]) -> None:
         """A try :meth:`close` dropped from the pool's queue never runs :meth:`_run`: it ends
         here (its read was told by :meth:`close` already)."""
         if future.cancelled():
@@ -297,7 +301,10 @@ class HedgedReads:
             self._in_flight -= 1
 
     def _run(
-        self, read: Callable[[Attempt], T], attempt: Attempt, outcomes: queue.SimpleQueue
+        self,
+        read: Callable[[Attempt], T],
+        attempt: Attempt,
+        outcomes: queue.SimpleQueue[_Outcome],
     ) -> None:
         """One try, on a pool thread: its outcome goes to ``outcomes``."""
         try:
@@ -315,14 +322,14 @@ class HedgedReads:
             self._ended()
 
 
-class _OneRead:
+class _OneRead(Generic[T]):
     """The state of one :meth:`HedgedReads.call`: its tries, timers and last failure. Only
     the calling thread runs it; the tries report their outcomes through ``outcomes``."""
 
     def __init__(
         self,
         reads: HedgedReads,
-        read: Callable[[Attempt], Any],
+        read: Callable[[Attempt], T],
         *,
         what: str,
         stalled: Callable[[str], StoreError],
@@ -338,7 +345,7 @@ class _OneRead:
         self.last_error: StoreError | None = None
         self.launch_at: float | None = self.started  # when the next try is due; None: no plan
 
-    def run(self) -> Any:
+    def run(self) -> T:
         try:
             while True:
                 now = time.monotonic()
@@ -353,7 +360,8 @@ class _OneRead:
                 if outcome is None or outcome.attempt not in self.live:
                     continue  # a timer is due, or a try already abandoned ended: dropped
                 if outcome.error is None:
-                    return outcome.result
+                    result: T = outcome.result  # the winning try's read(attempt)
+                    return result
                 self._failed(outcome.attempt, outcome.error)
         finally:
             for attempt in self.live:

@@ -20,13 +20,14 @@ AWS_SECRET_ACCESS_KEY, ~/.aws, container and instance roles).
 from __future__ import annotations
 
 import datetime
+import enum
 import functools
 import logging
 import os
 import ssl
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import botocore.config
 import botocore.exceptions
@@ -57,6 +58,9 @@ from cachefs.store.retry import (
     network_failure_cause,
 )
 from cachefs.store.uri import SourceURI, check_endpoint, parse_uri
+
+if TYPE_CHECKING:  # s3_bulk imports this module: S3Store opens its reader lazily
+    from cachefs.store.s3_bulk import S3BulkReader
 
 T = TypeVar("T")
 
@@ -106,7 +110,13 @@ _AUTH_CODES = frozenset(
 )
 
 
-_NOT_OPENED = object()  # S3Store._lean before the first GET
+class _NotOpened(enum.Enum):
+    """A sentinel type (an enum, so a type checker narrows ``is _NOT_OPENED``)."""
+
+    NOT_OPENED = enum.auto()
+
+
+_NOT_OPENED: Final = _NotOpened.NOT_OPENED  # S3Store._lean before the first GET
 
 
 class S3Calls(RetriedStore):
@@ -152,7 +162,10 @@ class S3Store(S3Calls):
         )
         self._reads = HedgedReads(self._retry, name="cachefs-s3-read")
         self._config = config
-        self._lean: Any = _NOT_OPENED if lean_gets else None  # S3BulkReader, or None: boto3
+        # The lean GET client once opened (_NOT_OPENED before the first GET); None: boto3.
+        self._lean: S3BulkReader | Literal[_NotOpened.NOT_OPENED] | None = (
+            _NOT_OPENED if lean_gets else None
+        )
         self._lean_lock = threading.Lock()
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
@@ -241,7 +254,7 @@ class S3Store(S3Calls):
         self._client.close()
         self._list_client.close()
 
-    def _lean_reader(self) -> Any:
+    def _lean_reader(self) -> S3BulkReader | None:
         """The lean GET client, opened on first use; None where it cannot serve this source
         (cachefs/store/s3_bulk.py ``_refuse_unsupported`` says when; logged once) or when
         switched off. Opening it signs one request locally (no I/O); a configuration error
@@ -281,7 +294,8 @@ class S3Store(S3Calls):
                 raise body_length_error(
                     announced, length, key=key, store=self.description, dataset=self._dataset
                 )
-            return body.read()
+            data: bytes = body.read()  # botocore's StreamingBody carries no annotations
+            return data
         except (
             botocore.exceptions.IncompleteReadError,
             botocore.exceptions.ResponseStreamingError,

@@ -42,7 +42,7 @@ import re
 import ssl
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import SplitResult, quote, urlsplit
 
 import botocore.awsrequest
 import botocore.exceptions
@@ -235,6 +235,7 @@ def _probe(config: StoreConfig, endpoint: str | None, source: SourceURI) -> _Pro
         r"AWS4-HMAC-SHA256 Credential=[^/]+/\d{8}/([^/]+)/([^/]+)/aws4_request,", authorization
     )
     _refuse_unsupported(request, url, quoted_key, scope)
+    assert scope is not None  # _refuse_unsupported refused a request without one
     return _Probe(
         url_start=f"{url.scheme}://{url.netloc}",
         path_start=url.path[: -len(quoted_key)],
@@ -244,7 +245,12 @@ def _probe(config: StoreConfig, endpoint: str | None, source: SourceURI) -> _Pro
     )
 
 
-def _refuse_unsupported(request, url, quoted_key: str, scope: re.Match | None) -> None:
+def _refuse_unsupported(
+    request: botocore.awsrequest.AWSPreparedRequest,
+    url: SplitResult,
+    quoted_key: str,
+    scope: re.Match[str] | None,
+) -> None:
     """Raise :class:`BulkClientUnsupported` for what this client does not reproduce of
     botocore's GET; the fetchers then use S3Store (boto3), which handles them all."""
     # An HTTP(S) proxy from the environment: botocore tunnels through it (CONNECT, proxy
@@ -270,7 +276,8 @@ def _tls_context(session: botocore.session.Session) -> ssl.SSLContext:
         session.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE") or True
     )
     ca_path = botocore.httpsession.get_cert_path(verify)
-    context = botocore.httpsession.create_urllib3_context()
+    # botocore carries no annotations: its context is an ssl.SSLContext.
+    context: ssl.SSLContext = botocore.httpsession.create_urllib3_context()
     context.verify_mode = ssl.CERT_REQUIRED
     context.check_hostname = True
     if os.path.isdir(ca_path):
