@@ -428,7 +428,7 @@ def create_app(
         """Register a job reading a dataset. The answer is ``running`` with the ranked nodes
         (TDCS: the chosen copy's nodes among the candidates first, each with the reason), or
         ``suspended`` with its queue position, or ``running`` on a new copy (``cloned``)."""
-        return coordinator.manager.submit(
+        return coordinator.manager.jobs.submit(
             body.id, body.dataset, body.nodes, body.candidates, body.lease_s
         )
 
@@ -436,7 +436,7 @@ def create_app(
     def list_jobs(
         dataset: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     ) -> list[dict[str, Any]]:
-        return coordinator.manager.list_jobs(dataset)
+        return coordinator.manager.jobs.list_jobs(dataset)
 
     @v1.get("/jobs/{job_id}", tags=["jobs"])
     async def get_job(
@@ -445,29 +445,29 @@ def create_app(
         """One job. With ``wait=N`` (a long-poll, for the owner of a suspended job) the answer
         comes as soon as the job is promoted or released, at the latest after N seconds, and
         the call renews the job's lease."""
-        manager = coordinator.manager
+        jobs = coordinator.manager.jobs
         if wait == 0:
-            return await anyio.to_thread.run_sync(manager.job, job_id)
+            return await anyio.to_thread.run_sync(jobs.job, job_id)
         deadline = anyio.current_time() + wait
         while True:
-            seen = manager.version
-            doc = await anyio.to_thread.run_sync(manager.renew, job_id)
+            seen = jobs.version
+            doc = await anyio.to_thread.run_sync(jobs.renew, job_id)
             if doc["state"] != "suspended" or anyio.current_time() >= deadline:
                 return doc
             # Job changes bump the version; checking it costs no lock and no thread.
-            while manager.version == seen and anyio.current_time() < deadline:
+            while jobs.version == seen and anyio.current_time() < deadline:
                 await anyio.sleep(min(0.1, max(0.0, deadline - anyio.current_time())))
 
     @v1.post("/jobs/{job_id}/heartbeat", tags=["jobs"])
     def renew_job(job_id: JobName) -> dict[str, Any]:
         """Renew the job's lease (its owner is alive)."""
-        return coordinator.manager.renew(job_id)
+        return coordinator.manager.jobs.renew(job_id)
 
     @v1.delete("/jobs/{job_id}", tags=["jobs"])
     def release_job(job_id: JobName) -> dict[str, Any]:
         """Release the job: its copy gets the slot back and the head of the dataset's suspend
         queue is placed at once (``promoted`` names it)."""
-        return coordinator.manager.release(job_id)
+        return coordinator.manager.jobs.release(job_id)
 
     @v1.get("/events", tags=["jobs"])
     def list_events(
@@ -476,7 +476,7 @@ def create_app(
     ) -> list[dict[str, Any]]:
         """What the CacheManager did and why: placements, promotions, clones, scaling,
         hand-offs, cleanup and the bytes it freed, oldest first."""
-        return coordinator.manager.list_events(dataset, limit)
+        return coordinator.manager.journal.list_events(dataset, limit)
 
     @v1.post("/datasets/{name}/preload/cancel", tags=["preload"])
     def cancel_preload(name: DatasetName) -> dict[str, Any]:

@@ -16,7 +16,7 @@ copies and jobs; removing a dataset asks both to forget it. Each such call holds
 lock throughout, so what it composes is one moment's state.
 
 Calls that belong to one part go to it directly: ``coordinator.cluster.start_preload(…)``,
-``coordinator.manager.submit(…)``.
+``coordinator.manager.jobs.submit(…)``.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Coordinator:
         """Add and remove nodes of a copy; the dataset's status, with ``moved_shards`` when the
         copy's nodes changed."""
         with self.model.lock:
-            moved = self.manager.scale(dataset, copy_id, add, remove)
+            moved = self.manager.fills.scale(dataset, copy_id, add, remove)
             status = self.dataset_status(dataset)
             return status if moved is None else {**status, "moved_shards": moved}
 

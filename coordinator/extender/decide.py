@@ -320,7 +320,7 @@ class Extender:
         job = None
         if pod.job is not None:
             try:
-                job = JobStatus.from_job(self._coordinator.manager.job(pod.job))
+                job = JobStatus.from_job(self._coordinator.manager.jobs.job(pod.job))
             except JobNotFound:
                 pass  # not registered (yet): locality alone decides
         dataset = pod.dataset or (job.dataset if job else None)

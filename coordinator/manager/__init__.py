@@ -21,10 +21,13 @@
   they no longer own. **The hand-off invariant: a node drops a shard it handed off only once
   another node holds it** (:mod:`.handoff` says how it is kept).
 
-The CacheManager reads and changes the :class:`~coordinator.model.ClusterModel` (a dataset's
-copies and fills, in place, written with ``save_dataset``) and keeps its own durable state
-(``jobs/``, ``tasks/``, ``events/``) through the model's writes. Every public method takes the
-model's lock. It knows nothing of the :class:`~coordinator.cluster.Cluster`: the
+The CacheManager is its four parts, which the API calls directly (``manager.jobs.submit``,
+``manager.fills.scale``, ``manager.journal.list_events``), and what concerns them all: a
+heartbeat's reports, the periodic tick, a dataset's removal, the status documents. It reads and
+changes the :class:`~coordinator.model.ClusterModel` (a dataset's copies and fills, in place,
+written with ``save_dataset``) and keeps its own durable state (``jobs/``, ``tasks/``,
+``events/``) through the model's writes. Every public method of the manager and of its parts
+takes the model's lock. It knows nothing of the :class:`~coordinator.cluster.Cluster`: the
 :class:`~coordinator.service.Coordinator` calls both.
 """
 
@@ -41,6 +44,8 @@ __all__ = ["CacheManager", "Job", "Task"]
 
 
 class CacheManager:
+    """Jobs, fills and scaling, cleanup, tasks and events over one model."""
+
     def __init__(
         self,
         model: ClusterModel,
@@ -56,49 +61,6 @@ class CacheManager:
         self.cleanup = Cleanup(
             model, self.journal, self.jobs, lru_high_watermark=lru_high_watermark
         )
-
-    # --- jobs (the API's calls) ----------------------------------------------------------------
-
-    def submit(
-        self,
-        job_id: str,
-        dataset: str,
-        nodes_wanted: int,
-        candidates: list[str] | None = None,
-        lease_s: float | None = None,
-    ) -> JsonDoc:
-        with self.model.lock:
-            return self.jobs.submit(job_id, dataset, nodes_wanted, candidates, lease_s)
-
-    def release(self, job_id: str) -> JsonDoc:
-        with self.model.lock:
-            return self.jobs.release(job_id)
-
-    def renew(self, job_id: str) -> JsonDoc:
-        with self.model.lock:
-            return self.jobs.renew(job_id)
-
-    def job(self, job_id: str) -> JsonDoc:
-        with self.model.lock:
-            return self.jobs.job(job_id)
-
-    def list_jobs(self, dataset: str | None = None) -> list[JsonDoc]:
-        with self.model.lock:
-            return self.jobs.list_jobs(dataset)
-
-    @property
-    def version(self) -> int:
-        """Bumped whenever a job changes: long-polls compare it instead of taking the lock."""
-        return self.jobs.version
-
-    def list_events(self, dataset: str | None = None, limit: int = 100) -> list[JsonDoc]:
-        return self.journal.list_events(dataset, limit)
-
-    def scale(self, dataset: str, copy_id: str, add: list[str], remove: list[str]) -> int | None:
-        """Add and remove nodes of a copy (:meth:`.handoff.Fills.scale`): how many shards
-        change owner, None when its nodes stay as they are."""
-        with self.model.lock:
-            return self.fills.scale(dataset, copy_id, add, remove)
 
     # --- what the Coordinator asks for its other parts ------------------------------------------
 

@@ -53,64 +53,67 @@ class Fills:
         new owners copy them from the old ones (who keep serving them meanwhile), then the old
         owners drop what they no longer own. Returns how many shards change owner, or None
         when the copy's nodes stay as they are."""
-        model = self.model
-        state = model.dataset(dataset)
-        copy = state.copies.get(copy_id)
-        if copy is None:
-            raise CopyNotFound(f"dataset {dataset!r} has no copy {copy_id!r}")
-        if copy.fill is not None:
-            raise CopyBusy(
-                f"copy {copy_id} of {dataset} is still being filled ({copy.fill.reason}, "
-                f"fill {copy.fill.id}); scale it again once that is done"
+        with self.model.lock:
+            model = self.model
+            state = model.dataset(dataset)
+            copy = state.copies.get(copy_id)
+            if copy is None:
+                raise CopyNotFound(f"dataset {dataset!r} has no copy {copy_id!r}")
+            if copy.fill is not None:
+                raise CopyBusy(
+                    f"copy {copy_id} of {dataset} is still being filled ({copy.fill.reason}, "
+                    f"fill {copy.fill.id}); scale it again once that is done"
+                )
+            unknown = sorted(set(add) - set(model.nodes))
+            if unknown:
+                raise NodeNotFound(f"no node named {', '.join(map(repr, unknown))}")
+            current = model.copy_nodes(dataset, copy_id)
+            elsewhere = {
+                node
+                for other in state.copies
+                if other != copy_id
+                for node in model.copy_nodes(dataset, other)
+            }
+            clash = sorted(set(add) & elsewhere)
+            if clash:
+                raise StateConflict(
+                    f"{', '.join(clash)} already belong to another copy of {dataset}"
+                )
+            absent = sorted(set(remove) - set(current))
+            if absent:
+                raise StateConflict(f"{', '.join(absent)} are not in copy {copy_id} of {dataset}")
+            new = sorted((set(current) | set(add)) - set(remove))
+            if not new:
+                raise StateConflict(f"copy {copy_id} of {dataset} needs at least one node")
+            if new == current:
+                return None
+            now = model.now()
+            live_before = model.live_copy_nodes(dataset, copy_id)
+            copy.nodes = new
+            live_after = model.live_copy_nodes(dataset, copy_id)
+            moved = sum(
+                shard_owner(dataset, shard, live_before) != shard_owner(dataset, shard, live_after)
+                for shard in range(SHARDS)
             )
-        unknown = sorted(set(add) - set(model.nodes))
-        if unknown:
-            raise NodeNotFound(f"no node named {', '.join(map(repr, unknown))}")
-        current = model.copy_nodes(dataset, copy_id)
-        elsewhere = {
-            node
-            for other in state.copies
-            if other != copy_id
-            for node in model.copy_nodes(dataset, other)
-        }
-        clash = sorted(set(add) & elsewhere)
-        if clash:
-            raise StateConflict(f"{', '.join(clash)} already belong to another copy of {dataset}")
-        absent = sorted(set(remove) - set(current))
-        if absent:
-            raise StateConflict(f"{', '.join(absent)} are not in copy {copy_id} of {dataset}")
-        new = sorted((set(current) | set(add)) - set(remove))
-        if not new:
-            raise StateConflict(f"copy {copy_id} of {dataset} needs at least one node")
-        if new == current:
-            return None
-        now = model.now()
-        live_before = model.live_copy_nodes(dataset, copy_id)
-        copy.nodes = new
-        live_after = model.live_copy_nodes(dataset, copy_id)
-        moved = sum(
-            shard_owner(dataset, shard, live_before) != shard_owner(dataset, shard, live_after)
-            for shard in range(SHARDS)
-        )
-        added, removed = sorted(set(new) - set(current)), sorted(set(current) - set(new))
-        copy.fill = FillState(
-            id=state.next_fill_id(copy_id),
-            sources=current,
-            leaving=removed,
-            reason=f"scale: +{','.join(added) or '-'} -{','.join(removed) or '-'}",
-            started_at=now,
-        )
-        self._fold_pending_trims(dataset, copy_id, copy)
-        model.save_dataset(state)
-        self.journal.cancel_tasks(dataset, added)
-        self.journal.event(
-            "scale", dataset, copy_id,
-            f"copy {copy_id} of {dataset} scaled to {', '.join(new)} "
-            f"(added {', '.join(added) or 'none'}, removed {', '.join(removed) or 'none'}): "
-            f"{moved} of {SHARDS} shards change owner and are handed off",
-            added=added, removed=removed, moved_shards=moved,
-        )  # fmt: skip
-        return moved
+            added, removed = sorted(set(new) - set(current)), sorted(set(current) - set(new))
+            copy.fill = FillState(
+                id=state.next_fill_id(copy_id),
+                sources=current,
+                leaving=removed,
+                reason=f"scale: +{','.join(added) or '-'} -{','.join(removed) or '-'}",
+                started_at=now,
+            )
+            self._fold_pending_trims(dataset, copy_id, copy)
+            model.save_dataset(state)
+            self.journal.cancel_tasks(dataset, added)
+            self.journal.event(
+                "scale", dataset, copy_id,
+                f"copy {copy_id} of {dataset} scaled to {', '.join(new)} "
+                f"(added {', '.join(added) or 'none'}, removed {', '.join(removed) or 'none'}): "
+                f"{moved} of {SHARDS} shards change owner and are handed off",
+                added=added, removed=removed, moved_shards=moved,
+            )  # fmt: skip
+            return moved
 
     def _fold_pending_trims(self, dataset: str, copy_id: str, copy: CopyState) -> None:
         """A scale starts: trims of the copy not yet acknowledged were decided under the old

@@ -93,66 +93,75 @@ class Jobs:
         candidates: list[str] | None = None,
         lease_s: float | None = None,
     ) -> JsonDoc:
-        state = self.model.dataset(dataset)
-        existing = self.by_id.get(job_id)
-        if existing is not None:
-            if existing.same_request(dataset, nodes_wanted, candidates):
-                return self.job_doc(existing)  # a client retrying its submission
-            raise JobExists(f"job {job_id!r} already exists (on dataset {existing.dataset!r})")
-        if nodes_wanted < 1:
-            raise ConfigError("a job needs at least one node")
-        usable = self._candidates(candidates)
-        if len(usable) < nodes_wanted:
-            raise StateConflict(
-                f"job {job_id!r} wants {nodes_wanted} nodes but only {len(usable)} "
-                f"candidate nodes are up ({', '.join(usable) or 'none'})"
+        with self.model.lock:
+            state = self.model.dataset(dataset)
+            existing = self.by_id.get(job_id)
+            if existing is not None:
+                if existing.same_request(dataset, nodes_wanted, candidates):
+                    return self.job_doc(existing)  # a client retrying its submission
+                raise JobExists(f"job {job_id!r} already exists (on dataset {existing.dataset!r})")
+            if nodes_wanted < 1:
+                raise ConfigError("a job needs at least one node")
+            usable = self._candidates(candidates)
+            if len(usable) < nodes_wanted:
+                raise StateConflict(
+                    f"job {job_id!r} wants {nodes_wanted} nodes but only {len(usable)} "
+                    f"candidate nodes are up ({', '.join(usable) or 'none'})"
+                )
+            now = self.model.now()
+            self._seq += 1
+            job = Job(
+                id=job_id,
+                dataset=dataset,
+                nodes_wanted=nodes_wanted,
+                candidates=candidates,
+                lease_s=self.job_lease_s if lease_s is None else lease_s,
+                seq=self._seq,
+                submitted_at=now,
             )
-        now = self.model.now()
-        self._seq += 1
-        job = Job(
-            id=job_id,
-            dataset=dataset,
-            nodes_wanted=nodes_wanted,
-            candidates=candidates,
-            lease_s=self.job_lease_s if lease_s is None else lease_s,
-            seq=self._seq,
-            submitted_at=now,
-        )
-        ahead = self.queue(dataset)
-        if ahead:
-            job.explanation = f"suspended behind {len(ahead)} earlier job(s) of {dataset} (FIFO)"
-        else:
-            self._place(job, state)
-        self.by_id[job.id] = job
-        self._renewed_at[job.id] = now
-        self._save(job)
-        self.journal.event("job", dataset, job.copy, f"job {job.id}: {job.explanation}", job=job.id)
-        return self.job_doc(job)
+            ahead = self.queue(dataset)
+            if ahead:
+                job.explanation = (
+                    f"suspended behind {len(ahead)} earlier job(s) of {dataset} (FIFO)"
+                )
+            else:
+                self._place(job, state)
+            self.by_id[job.id] = job
+            self._renewed_at[job.id] = now
+            self._save(job)
+            self.journal.event(
+                "job", dataset, job.copy, f"job {job.id}: {job.explanation}", job=job.id
+            )
+            return self.job_doc(job)
 
     def release(self, job_id: str, *, reason: str = "released") -> JsonDoc:
-        job = self._job(job_id)
-        del self.by_id[job_id]
-        self._renewed_at.pop(job_id, None)
-        self.model.delete(f"jobs/{job_id}")
-        self.version += 1
-        state = self.model.datasets.get(job.dataset)
-        if state is not None and job.state == "running" and job.copy:
-            self._touch_copy(state, job.copy)
-        self.journal.event("job", job.dataset, job.copy, f"job {job_id} {reason}", job=job_id)
-        promoted = self.promote(job.dataset)
-        return {"id": job_id, "released": True, "reason": reason, "promoted": promoted}
+        with self.model.lock:
+            job = self._job(job_id)
+            del self.by_id[job_id]
+            self._renewed_at.pop(job_id, None)
+            self.model.delete(f"jobs/{job_id}")
+            self.version += 1
+            state = self.model.datasets.get(job.dataset)
+            if state is not None and job.state == "running" and job.copy:
+                self._touch_copy(state, job.copy)
+            self.journal.event("job", job.dataset, job.copy, f"job {job_id} {reason}", job=job_id)
+            promoted = self.promote(job.dataset)
+            return {"id": job_id, "released": True, "reason": reason, "promoted": promoted}
 
     def renew(self, job_id: str) -> JsonDoc:
-        job = self._job(job_id)
-        self._renewed_at[job_id] = self.model.now()
-        return self.job_doc(job)
+        with self.model.lock:
+            job = self._job(job_id)
+            self._renewed_at[job_id] = self.model.now()
+            return self.job_doc(job)
 
     def job(self, job_id: str) -> JsonDoc:
-        return self.job_doc(self._job(job_id))
+        with self.model.lock:
+            return self.job_doc(self._job(job_id))
 
     def list_jobs(self, dataset: str | None = None) -> list[JsonDoc]:
-        jobs = sorted(self.by_id.values(), key=lambda j: j.seq)
-        return [self.job_doc(j) for j in jobs if dataset is None or j.dataset == dataset]
+        with self.model.lock:
+            jobs = sorted(self.by_id.values(), key=lambda j: j.seq)
+            return [self.job_doc(j) for j in jobs if dataset is None or j.dataset == dataset]
 
     def _job(self, job_id: str) -> Job:
         job = self.by_id.get(job_id)

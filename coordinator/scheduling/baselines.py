@@ -6,7 +6,7 @@ import random
 
 from .model import ClusterState, JobSpec, PlacementChoice
 from .placement import first_fit, random_fit
-from .policy import Policy, candidate_free, ranking
+from .policy import Policy
 
 
 class FifoPolicy(Policy):
@@ -16,18 +16,11 @@ class FifoPolicy(Policy):
     base_name = "fifo"
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementChoice | None:
-        free = candidate_free(job, state.free_gpus())
-        prefer = self.preference(job, state)
-        placement = first_fit(free, job.gpus, prefer)
-        if placement is None:
+        fitted = self.fit_and_rank(job, state, first_fit, lambda free, node: 0.0)
+        if fitted is None:
             return None
-        score = prefer or (lambda _node: 0.0)
-        how = "nodes holding the most cached data first" if prefer else "nodes in name order"
-        return PlacementChoice(
-            placement,
-            ranking(job, state, score, free),
-            f"FIFO, first fit ({how}): {job.gpus} GPUs",
-        )
+        how = "nodes holding the most cached data first" if self.locality else "nodes in name order"
+        return PlacementChoice(*fitted, f"FIFO, first fit ({how}): {job.gpus} GPUs")
 
 
 class RandomPolicy(Policy):
@@ -41,12 +34,12 @@ class RandomPolicy(Policy):
         self._rng = random.Random(seed)
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementChoice | None:
-        free = candidate_free(job, state.free_gpus())
-        prefer = self.preference(job, state)
-        placement = random_fit(free, job.gpus, self._rng, prefer)
-        if placement is None:
-            return None
-        score = prefer or (lambda _node: 0.0)
-        return PlacementChoice(
-            placement, ranking(job, state, score, free), f"random placement of {job.gpus} GPUs"
+        fitted = self.fit_and_rank(
+            job,
+            state,
+            lambda free, gpus, prefer: random_fit(free, gpus, self._rng, prefer),
+            lambda free, node: 0.0,
         )
+        if fitted is None:
+            return None
+        return PlacementChoice(*fitted, f"random placement of {job.gpus} GPUs")

@@ -79,17 +79,11 @@ class ElasticPolicy(Policy):
         self.known_epoch_time = known_epoch_time
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementChoice | None:
-        free = candidate_free(job, state.free_gpus())
-        prefer = self.preference(job, state)
-        placement = best_fit(free, job.gpus, prefer)
-        if placement is None:
+        fitted = self.fit_and_rank(job, state, best_fit, lambda free, node: -free[node])
+        if fitted is None:
             return None
-        score = prefer or (lambda node: -free[node])
-        return PlacementChoice(
-            placement,
-            ranking(job, state, score, free),
-            f"best fit of {job.gpus} GPUs" + (" preferring cached data" if prefer else ""),
-        )
+        how = " preferring cached data" if self.locality else ""
+        return PlacementChoice(*fitted, f"best fit of {job.gpus} GPUs{how}")
 
     def schedule(self, state: ClusterState) -> list[Decision]:
         total_gpus = state.total_gpus

@@ -35,6 +35,9 @@ from .model import (
 from .perf import compute_seconds
 from .placement import best_fit
 
+#: A placement function: (free GPUs per node, GPUs wanted, node preference) -> placement or None.
+Fit = Callable[[Mapping[str, int], int, Callable[[str], float] | None], Placement | None]
+
 
 class Policy(ABC):
     """Base class: subclasses set ``base_name`` and implement :meth:`place`."""
@@ -79,6 +82,24 @@ class Policy(ABC):
         all_gpus = {name: node.gpus for name, node in state.nodes.items()}
         placement = best_fit(all_gpus, gpus, self.preference(spec, state))
         return io_seconds(spec, placement or {}, state, samples)
+
+    def fit_and_rank(
+        self,
+        job: JobSpec,
+        state: ClusterState,
+        fit: Fit,
+        unpreferred: Callable[[Mapping[str, int], str], float],
+    ) -> tuple[Placement, tuple[NodeScore, ...]] | None:
+        """What placing one job on the free GPUs of its candidates takes: ``fit`` its GPUs there
+        with the node preference of "+locality", and rank the nodes by that preference, else by
+        ``unpreferred(free GPUs, node)``. None when it does not fit."""
+        free = candidate_free(job, state.free_gpus())
+        prefer = self.preference(job, state)
+        placement = fit(free, job.gpus, prefer)
+        if placement is None:
+            return None
+        score = prefer or (lambda node: unpreferred(free, node))
+        return placement, ranking(job, state, score, free)
 
     def preference(self, spec: JobSpec, state: ClusterState) -> Callable[[str], float] | None:
         """Node preference for "+locality": cached bytes of the job's dataset; None otherwise."""

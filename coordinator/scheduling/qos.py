@@ -396,17 +396,11 @@ class _OrderedQueuePolicy(Policy):
         """Lower is served first."""
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementChoice | None:
-        free = candidate_free(job, state.free_gpus())
-        prefer = self.preference(job, state)
-        placement = first_fit(free, job.gpus, prefer)
-        if placement is None:
+        fitted = self.fit_and_rank(job, state, first_fit, lambda free, node: 0.0)
+        if fitted is None:
             return None
-        score = prefer or (lambda _node: 0.0)
-        return PlacementChoice(
-            placement,
-            ranking(job, state, score, free),
-            f"{self.base_name}: {job.gpus} GPUs asked (key {self._key(job):.0f})",
-        )
+        key = self._key(job)
+        return PlacementChoice(*fitted, f"{self.base_name}: {job.gpus} GPUs asked (key {key:.0f})")
 
     def schedule(self, state: ClusterState) -> list[Decision]:
         queue = sorted(state.waiting, key=lambda j: (self._key(j.spec), j.spec.arrival, j.job_id))

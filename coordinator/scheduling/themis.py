@@ -230,6 +230,8 @@ class _LeasedPolicy(Policy):
             raise SchedulingError(f"lease_s={lease_s} must be positive")
         self.lease_s = lease_s
         self._lease_ends: dict[str, float] = {}
+        #: Set: grants go to free GPUs in a random (seeded) node order instead of best fit.
+        self._rng: random.Random | None = None
 
     def next_wakeup(self, state: ClusterState) -> float | None:
         ends = [self._lease_ends.get(job.job_id, state.now) for job in state.running]
@@ -307,8 +309,20 @@ class _LeasedPolicy(Policy):
         requests: Mapping[str, int],
         prefer: Callable[[str, str], float] | None,
     ) -> dict[str, dict[str, int]] | None:
-        """Where the granted jobs go: best fit, largest first (compact placements)."""
-        return best_fit_many(pool, requests, prefer)
+        """Where the granted jobs go: best fit, largest first (compact placements); with
+        ``_rng``, each job in turn (by id) on nodes in a random order, blind to placement."""
+        if self._rng is None:
+            return best_fit_many(pool, requests, prefer)
+        left = dict(pool)
+        placements = {}
+        for job_id in sorted(requests):
+            placement = random_fit(left, requests[job_id], self._rng)
+            if placement is None:
+                return None
+            for node, gpus in placement.items():
+                left[node] -= gpus
+            placements[job_id] = placement
+        return placements
 
     def _compact_place(self, job: JobSpec, state: ClusterState, why: str) -> PlacementChoice | None:
         free = candidate_free(job, state.free_gpus())
@@ -585,25 +599,6 @@ class LeasedLasPolicy(_LeasedPolicy):
         super().__init__(locality=locality, lease_s=lease_s)
         self._rng = None if random_seed is None else random.Random(random_seed)
 
-    def _place_grants(
-        self,
-        pool: Mapping[str, int],
-        requests: Mapping[str, int],
-        prefer: Callable[[str, str], float] | None,
-    ) -> dict[str, dict[str, int]] | None:
-        if self._rng is None:
-            return super()._place_grants(pool, requests, prefer)
-        left = dict(pool)
-        placements = {}
-        for job_id in sorted(requests):
-            placement = random_fit(left, requests[job_id], self._rng)
-            if placement is None:
-                return None
-            for node, gpus in placement.items():
-                left[node] -= gpus
-            placements[job_id] = placement
-        return placements
-
     def schedule(self, state: ClusterState) -> list[Decision]:
         round_ = self._open_round(state)
         capacity = sum(round_.pool.values())
@@ -636,13 +631,8 @@ class LasPolicy(Policy):
         return sum(1 for limit in self.thresholds if job.attained_gpu_s >= limit)
 
     def place(self, job: JobSpec, state: ClusterState) -> PlacementChoice | None:
-        free = candidate_free(job, state.free_gpus())
-        prefer = self.preference(job, state)
-        placement = first_fit(free, job.gpus, prefer)
-        if placement is None:
-            return None
-        score = prefer or (lambda node: float(free[node]))
-        return PlacementChoice(placement, ranking(job, state, score, free), "consolidated")
+        fitted = self.fit_and_rank(job, state, first_fit, lambda free, node: float(free[node]))
+        return PlacementChoice(*fitted, "consolidated") if fitted is not None else None
 
     def schedule(self, state: ClusterState) -> list[Decision]:
         jobs = sorted(

@@ -349,14 +349,14 @@ def test_suspended_then_promoted(coordinator: Coordinator) -> None:
     _imagenet_state(coordinator)
     extender = Extender(coordinator)
     request = (BODIES / "filter_node_names_request.json").read_bytes()
-    coordinator.manager.submit("other", "imagenet", 1)
-    suspended = coordinator.manager.submit(POD_JOB, "imagenet", 1)
+    coordinator.manager.jobs.submit("other", "imagenet", 1)
+    suspended = coordinator.manager.jobs.submit(POD_JOB, "imagenet", 1)
     assert (suspended["state"], suspended["position"]) == ("suspended", 1)
     assert extender.filter(request) == body("filter_suspended_response.json")
     scores = extender.prioritize((BODIES / "prioritize_node_names_request.json").read_bytes())
     assert scores == [{"Host": n, "Score": 0} for n in NODES]
     # The running job is released: the pod's job is promoted and its next attempt passes.
-    assert coordinator.manager.release("other")["promoted"] == [POD_JOB]
+    assert coordinator.manager.jobs.release("other")["promoted"] == [POD_JOB]
     assert extender.filter(request) == body("filter_node_names_response.json")
 
 
@@ -422,15 +422,15 @@ def test_a_pods_policy_ranks_the_nodes(
     assert len(caplog.records) == 1, caplog.records
     assert "prioritize with p4-roofline: policy p4-roofline needs" in caplog.records[0].getMessage()
     # A job the CacheManager suspended scores 0 everywhere, policy or not.
-    coordinator.manager.submit("other", "imagenet", 1)
-    coordinator.manager.submit(POD_JOB, "imagenet", 1)
+    coordinator.manager.jobs.submit("other", "imagenet", 1)
+    coordinator.manager.jobs.submit(POD_JOB, "imagenet", 1)
     assert scores("fifo+locality") == [0, 0, 0]
 
 
 def test_a_job_annotation_alone_names_the_dataset(coordinator: Coordinator) -> None:
     _imagenet_state(coordinator)
-    coordinator.manager.submit("other", "imagenet", 1)
-    coordinator.manager.submit("queued-job", "imagenet", 1)
+    coordinator.manager.jobs.submit("other", "imagenet", 1)
+    coordinator.manager.jobs.submit("queued-job", "imagenet", 1)
     request = pod_with(body("filter_node_names_request.json"),
                        labels={"cachefs.io/dataset": None},
                        annotations={"cachefs.io/job": "queued-job"})  # fmt: skip
@@ -444,8 +444,8 @@ def test_a_job_on_another_dataset_decides_and_is_logged_once(
 ) -> None:
     _imagenet_state(coordinator)
     coordinator.add_dataset(spec("coco", max_jobs_per_copy=1))
-    coordinator.manager.submit("coco-1", "coco", 1)
-    coordinator.manager.submit("coco-2", "coco", 1)
+    coordinator.manager.jobs.submit("coco-1", "coco", 1)
+    coordinator.manager.jobs.submit("coco-2", "coco", 1)
     request = encoded(pod_with(body("filter_node_names_request.json"),
                                annotations={"cachefs.io/job": "coco-2"}))  # fmt: skip
     extender = Extender(coordinator)
@@ -491,7 +491,7 @@ def test_malformed_bodies_get_an_error_or_no_scores(coordinator: Coordinator) ->
 
 def test_the_extender_changes_nothing(coordinator: Coordinator, store: LmdbStateStore) -> None:
     _imagenet_state(coordinator)
-    coordinator.manager.submit("other", "imagenet", 1)
+    coordinator.manager.jobs.submit("other", "imagenet", 1)
     before = list(store.list(""))
     jobs_before = {k: v.to_json() for k, v in coordinator.manager.jobs.by_id.items()}
     extender = Extender(coordinator)

@@ -65,7 +65,7 @@ def test_the_copys_nodes_among_the_candidates_come_first(coordinator: Coordinato
     datasets = report({"n1": 100, "n2": 90, "n3": 110, "n4": 30})
     for node in NODES:
         beat(coordinator, node, datasets=datasets(node))
-    job = coordinator.manager.submit("train-42", "imagenet", 3, ["n2", "n3", "n4", "n5"])
+    job = coordinator.manager.jobs.submit("train-42", "imagenet", 3, ["n2", "n3", "n4", "n5"])
     assert job["state"] == "running" and job["copy"] == "A" and not job["cloned"]
     # S3 = {n2, n3} by cached bytes, then the rest of S2 by cached fraction.
     assert job["nodes"] == ["n3", "n2", "n4"]
@@ -83,27 +83,27 @@ def test_without_candidates_every_live_node_is_one(
     beat_all(coordinator, ["n1", "n2", "n3"])
     clock.advance(DOWN_AFTER_S + 1)
     beat_all(coordinator, ["n1", "n2"])  # n3 went down
-    job = coordinator.manager.submit("j", "imagenet", 2)
+    job = coordinator.manager.jobs.submit("j", "imagenet", 2)
     assert job["nodes"] == ["n2", "n1"]
     with pytest.raises(ConfigError, match="wants 3 nodes but only 2 candidate nodes are up"):
-        coordinator.manager.submit("k", "imagenet", 3)
+        coordinator.manager.jobs.submit("k", "imagenet", 3)
     with pytest.raises(ConfigError, match="only 1 candidate"):
-        coordinator.manager.submit("k", "imagenet", 2, ["n1", "n3", "gpu-unknown"])
+        coordinator.manager.jobs.submit("k", "imagenet", 2, ["n1", "n3", "gpu-unknown"])
 
 
 def test_submitting_again_is_idempotent_and_names_are_unique(coordinator: Coordinator) -> None:
     coordinator.add_dataset(spec("imagenet"))
     coordinator.add_dataset(spec("coco"))
     beat_all(coordinator, ["n1", "n2"])
-    first = coordinator.manager.submit("j", "imagenet", 1)
-    assert coordinator.manager.submit("j", "imagenet", 1)["seq"] == first["seq"]
+    first = coordinator.manager.jobs.submit("j", "imagenet", 1)
+    assert coordinator.manager.jobs.submit("j", "imagenet", 1)["seq"] == first["seq"]
     with pytest.raises(JobExists, match="already exists"):
-        coordinator.manager.submit("j", "coco", 1)
+        coordinator.manager.jobs.submit("j", "coco", 1)
     with pytest.raises(DatasetNotFound):
-        coordinator.manager.submit("k", "nope", 1)
+        coordinator.manager.jobs.submit("k", "nope", 1)
     coordinator.remove_dataset("imagenet")
     with pytest.raises(JobNotFound):
-        coordinator.manager.job("j")
+        coordinator.manager.jobs.job("j")
 
 
 def test_pure_ranking_helpers() -> None:
@@ -123,19 +123,19 @@ def test_suspend_queues_fifo_and_promotes_on_release(coordinator: Coordinator) -
     coordinator.add_dataset(spec("imagenet", max_jobs_per_copy=2))
     beat_all(coordinator, ["n1", "n2", "n3"])
     manager = coordinator.manager
-    assert manager.submit("j1", "imagenet", 1)["state"] == "running"
-    assert manager.submit("j2", "imagenet", 1)["state"] == "running"
-    j3 = manager.submit("j3", "imagenet", 1)
-    j4 = manager.submit("j4", "imagenet", 1)
+    assert manager.jobs.submit("j1", "imagenet", 1)["state"] == "running"
+    assert manager.jobs.submit("j2", "imagenet", 1)["state"] == "running"
+    j3 = manager.jobs.submit("j3", "imagenet", 1)
+    j4 = manager.jobs.submit("j4", "imagenet", 1)
     assert (j3["state"], j3["position"]) == ("suspended", 1)
     assert (j4["state"], j4["position"]) == ("suspended", 2)
     assert "runs 2 jobs" in j3["explanation"]
-    version = manager.version
-    released = manager.release("j1")
+    version = manager.jobs.version
+    released = manager.jobs.release("j1")
     assert released["promoted"] == ["j3"]
-    assert manager.version > version  # long-polls wake up
-    assert manager.job("j3")["state"] == "running"
-    assert manager.job("j4")["position"] == 1
+    assert manager.jobs.version > version  # long-polls wake up
+    assert manager.jobs.job("j3")["state"] == "running"
+    assert manager.jobs.job("j4")["position"] == 1
     assert coordinator.dataset_status("imagenet")["jobs"] == {"running": 2, "suspended": 1}
 
 
@@ -145,30 +145,31 @@ def test_the_suspend_queue_survives_a_restart_in_order(
     coordinator.add_dataset(spec("imagenet", max_jobs_per_copy=1))
     beat_all(coordinator, ["n1"])
     for name in ("j1", "j2", "j3", "j4"):
-        coordinator.manager.submit(name, "imagenet", 1)
+        coordinator.manager.jobs.submit(name, "imagenet", 1)
     restarted = Coordinator(store, SETTINGS, clock=clock)
     beat_all(restarted, ["n1"])
-    assert [j["id"] for j in restarted.manager.list_jobs()] == ["j1", "j2", "j3", "j4"]
-    assert restarted.manager.submit("j5", "imagenet", 1)["position"] == 4
-    assert restarted.manager.release("j1")["promoted"] == ["j2"]
-    assert restarted.manager.release("j2")["promoted"] == ["j3"]
-    assert [j["position"] for j in restarted.manager.list_jobs()] == [None, 1, 2]
+    assert [j["id"] for j in restarted.manager.jobs.list_jobs()] == ["j1", "j2", "j3", "j4"]
+    assert restarted.manager.jobs.submit("j5", "imagenet", 1)["position"] == 4
+    assert restarted.manager.jobs.release("j1")["promoted"] == ["j2"]
+    assert restarted.manager.jobs.release("j2")["promoted"] == ["j3"]
+    assert [j["position"] for j in restarted.manager.jobs.list_jobs()] == [None, 1, 2]
 
 
 def test_a_job_whose_lease_lapses_is_released(coordinator: Coordinator, clock: FakeClock) -> None:
     coordinator.add_dataset(spec("imagenet", max_jobs_per_copy=1))
     beat_all(coordinator, ["n1"])
-    coordinator.manager.submit("j1", "imagenet", 1, lease_s=10)
-    coordinator.manager.submit("j2", "imagenet", 1, lease_s=0)  # no lease: waits as long as needed
+    coordinator.manager.jobs.submit("j1", "imagenet", 1, lease_s=10)
+    # No lease: it waits as long as needed.
+    coordinator.manager.jobs.submit("j2", "imagenet", 1, lease_s=0)
     wait(coordinator, clock, 6, ["n1"])
-    assert coordinator.manager.renew("j1")["lease_expires_in_s"] == 10
+    assert coordinator.manager.jobs.renew("j1")["lease_expires_in_s"] == 10
     wait(coordinator, clock, 9, ["n1"])
-    assert coordinator.manager.job("j1")["state"] == "running"
+    assert coordinator.manager.jobs.job("j1")["state"] == "running"
     wait(coordinator, clock, 2, ["n1"])
     with pytest.raises(JobNotFound):
-        coordinator.manager.job("j1")
-    assert coordinator.manager.job("j2")["state"] == "running"
-    messages = [e["message"] for e in coordinator.manager.list_events("imagenet")]
+        coordinator.manager.jobs.job("j1")
+    assert coordinator.manager.jobs.job("j2")["state"] == "running"
+    messages = [e["message"] for e in coordinator.manager.journal.list_events("imagenet")]
     assert "job j1 released: lease of 10 s expired" in messages
 
 
@@ -182,15 +183,15 @@ def test_clone_makes_a_copy_on_the_freest_outside_nodes(coordinator: Coordinator
     for node, used in [("n1", 0), ("n2", 0), ("n3", 9 * GB), ("n4", 2 * GB)]:
         beat(coordinator, node, tiers=[{"name": "ram", "capacity": 10 * GB, "used": used}])
     manager = coordinator.manager
-    assert manager.submit("j1", "imagenet", 2)["nodes"] == ["n1", "n2"]
-    j2 = manager.submit("j2", "imagenet", 1)
+    assert manager.jobs.submit("j1", "imagenet", 2)["nodes"] == ["n1", "n2"]
+    j2 = manager.jobs.submit("j2", "imagenet", 1)
     assert (j2["state"], j2["copy"], j2["cloned"], j2["nodes"]) == ("running", "B", True, ["n4"])
     view = beat(coordinator, "n4")
     imagenet = view["datasets"][0]
     assert imagenet["copies"] == {"A": ["n1", "n2"], "B": ["n4"]}
     assert imagenet["fills"] == {"B": {"id": "B-1", "from": ["n1", "n2"]}}
-    assert manager.submit("j3", "imagenet", 1)["copy"] == "C"  # onto n3, the last outside
-    j4 = manager.submit("j4", "imagenet", 1)
+    assert manager.jobs.submit("j3", "imagenet", 1)["copy"] == "C"  # onto n3, the last outside
+    j4 = manager.jobs.submit("j4", "imagenet", 1)
     assert j4["state"] == "suspended" and "outside its copies to clone onto" in j4["explanation"]
 
     # The clone's fill finishes when its nodes report it done; a clone trims nobody.
@@ -203,15 +204,15 @@ def test_clone_makes_a_copy_on_the_freest_outside_nodes(coordinator: Coordinator
     assert not any(beat(coordinator, node)["tasks"] for node in ("n1", "n2", "n3", "n4"))
     assert any(
         e["kind"] == "fill" and "500 bytes copied from peers" in e["message"]
-        for e in manager.list_events("imagenet")
+        for e in manager.journal.list_events("imagenet")
     )
 
 
 def test_clone_is_impossible_when_the_first_copy_spans_every_node(coordinator: Coordinator) -> None:
     coordinator.add_dataset(spec("imagenet", max_jobs_per_copy=1, overflow="clone"))
     beat_all(coordinator, ["n1", "n2"])
-    coordinator.manager.submit("j1", "imagenet", 1)
-    assert coordinator.manager.submit("j2", "imagenet", 1)["state"] == "suspended"
+    coordinator.manager.jobs.submit("j1", "imagenet", 1)
+    assert coordinator.manager.jobs.submit("j2", "imagenet", 1)["state"] == "suspended"
 
 
 # --- cleanup -------------------------------------------------------------------------------------
@@ -226,13 +227,13 @@ def test_ttl_frees_an_idle_clone_then_the_last_copy(
     nodes = ["n1", "n2"]
     beat_all(coordinator, nodes)
     manager = coordinator.manager
-    manager.submit("j1", "imagenet", 1)
-    manager.submit("j2", "imagenet", 1)  # clone B on n2
+    manager.jobs.submit("j1", "imagenet", 1)
+    manager.jobs.submit("j2", "imagenet", 1)  # clone B on n2
     beat(coordinator, "n2", fills={"imagenet": {"copy": "B", "id": "B-1", "done": True}})
     wait(coordinator, clock, 120, nodes)
     assert not beat(coordinator, "n1")["tasks"]  # jobs use both copies: nothing idles
-    manager.release("j1")
-    manager.release("j2")
+    manager.jobs.release("j1")
+    manager.jobs.release("j2")
     wait(coordinator, clock, 59, nodes)
     assert not beat(coordinator, "n1")["tasks"]
     wait(coordinator, clock, 2, nodes)
@@ -288,7 +289,7 @@ def test_lru_frees_the_least_recently_used_dataset_under_pressure(
     cached = {"old": 300, "new": 300, "hot": 300, "busy": 50}
     read_at = {"old": now - 50, "new": now - 20, "hot": now, "busy": now - 90}
     lru_beat(coordinator, 800, cached, read_at)  # 80 %: no pressure
-    coordinator.manager.submit("reader", "busy", 1)  # a job uses "busy": never freed under it
+    coordinator.manager.jobs.submit("reader", "busy", 1)  # a job uses "busy": never freed under it
     coordinator.tick()
     assert not beat(coordinator, "n1")["tasks"]
 
@@ -382,7 +383,7 @@ def test_scale_out_then_in_hands_shards_off(coordinator: Coordinator) -> None:
     assert trims(coordinator, "n3", datasets=holding(copied)) == []
     kept_by = {node for node in ("n1", "n2") if held[node] & {missing, half}}
     assert status["handed_off"] == {node: len(held[node] & {missing, half}) for node in kept_by}
-    (event,) = [e for e in manager.list_events("imagenet") if e["kind"] == "fill"]
+    (event,) = [e for e in manager.journal.list_events("imagenet") if e["kind"] == "fill"]
     assert (event["trimmed_shards"], event["kept_shards"]) == (len(gained) - 2, 2)
     assert "2 kept until their new owner holds them" in event["message"]
 
@@ -400,14 +401,14 @@ def test_scale_out_then_in_hands_shards_off(coordinator: Coordinator) -> None:
         (late,) = trims(coordinator, node)
         assert set(late["shards"]) == held[node] & {missing, half}
     assert coordinator.dataset_status("imagenet")["copies"][0]["handed_off"] == {}
-    assert any(e["kind"] == "trim" for e in manager.list_events("imagenet"))
+    assert any(e["kind"] == "trim" for e in manager.journal.list_events("imagenet"))
 
     inward = coordinator.scale_copy("imagenet", "A", [], ["n1"])
     assert inward["moved_shards"] == moved("imagenet", ["n1", "n2", "n3"], ["n2", "n3"])
     view = beat(coordinator, "n1")["datasets"][0]
     assert view["copies"] == {"A": ["n2", "n3"]}
     assert view["fills"] == {"A": {"id": "A-2", "from": ["n1", "n2", "n3"]}}
-    events = [e for e in manager.list_events("imagenet") if e["kind"] == "scale"]
+    events = [e for e in manager.journal.list_events("imagenet") if e["kind"] == "scale"]
     assert events[-1]["removed"] == ["n1"] and events[-1]["moved_shards"] == inward["moved_shards"]
 
 
@@ -532,7 +533,8 @@ def test_a_shard_with_failed_blocks_is_kept_whatever_the_bytes_say(
     (trim,) = trims(coordinator, "n1", datasets=holding(everything))
     assert set(trim["shards"]) == gained - {x}
     assert status["handed_off"] == {"n1": 1}
-    (event,) = [e for e in coordinator.manager.list_events("imagenet") if e["kind"] == "fill"]
+    events = coordinator.manager.journal.list_events("imagenet")
+    (event,) = [e for e in events if e["kind"] == "fill"]
     assert (event["failed_blocks"], event["kept_shards"]) == (1, 1)
 
     # Ticks judge the kept shard again: n2's bytes of x still do not prove its blocks.
@@ -625,29 +627,29 @@ def test_a_job_does_not_list_a_node_that_is_down(
     coordinator.add_dataset(spec("imagenet", max_jobs_per_copy=1))
     beat_all(coordinator, ["n1", "n2"])
     manager = coordinator.manager
-    manager.submit("j1", "imagenet", 2)
-    manager.submit("j2", "imagenet", 2)  # suspended behind j1
-    assert manager.release("j1")["promoted"] == ["j2"]  # n2's last beat is recent: "up"
-    assert sorted(manager.job("j2")["nodes"]) == ["n1", "n2"]
+    manager.jobs.submit("j1", "imagenet", 2)
+    manager.jobs.submit("j2", "imagenet", 2)  # suspended behind j1
+    assert manager.jobs.release("j1")["promoted"] == ["j2"]  # n2's last beat is recent: "up"
+    assert sorted(manager.jobs.job("j2")["nodes"]) == ["n1", "n2"]
     clock.advance(DOWN_AFTER_S + 1)
     beat(coordinator, "n1")
-    job = manager.job("j2")
+    job = manager.jobs.job("j2")
     assert (job["nodes"], job["down_nodes"]) == (["n1"], ["n2"])
     assert "(n2 down now)" in job["explanation"]
     assert [row["why"].endswith("(down now)") for row in job["ranking"]] == [
         row["node"] == "n2" for row in job["ranking"]
     ]
-    assert [j["nodes"] for j in manager.list_jobs()] == [["n1"]]
+    assert [j["nodes"] for j in manager.jobs.list_jobs()] == [["n1"]]
     beat(coordinator, "n2")  # back: listed again
-    job = manager.job("j2")
+    job = manager.jobs.job("j2")
     assert (sorted(job["nodes"]), job["down_nodes"]) == (["n1", "n2"], [])
 
 
 def test_scale_refuses_what_cannot_be(coordinator: Coordinator) -> None:
     coordinator.add_dataset(spec("imagenet", max_jobs_per_copy=1, overflow="clone"), nodes=["n1"])
     beat_all(coordinator, ["n1", "n2", "n3"])
-    coordinator.manager.submit("j1", "imagenet", 1)
-    coordinator.manager.submit("j2", "imagenet", 1, ["n2"])  # clone B on n2
+    coordinator.manager.jobs.submit("j1", "imagenet", 1)
+    coordinator.manager.jobs.submit("j2", "imagenet", 1, ["n2"])  # clone B on n2
     with pytest.raises(NodeNotFound):
         coordinator.scale_copy("imagenet", "A", ["n9"], [])
     with pytest.raises(ConfigError, match="already belong to another copy"):
@@ -668,15 +670,16 @@ def test_a_scale_that_a_node_never_reports_times_out(
     coordinator.scale_copy("imagenet", "A", ["n2"], [])
     wait(coordinator, clock, 3601, ["n1", "n2"])
     assert coordinator.dataset_status("imagenet")["copies"][0]["fill"] is None
-    assert any("timed out" in e["message"] for e in coordinator.manager.list_events("imagenet"))
+    events = coordinator.manager.journal.list_events("imagenet")
+    assert any("timed out" in e["message"] for e in events)
 
 
 def test_raising_the_limit_promotes_and_policies_are_validated(coordinator: Coordinator) -> None:
     coordinator.add_dataset(spec("imagenet", max_jobs_per_copy=1))
     beat_all(coordinator, ["n1"])
-    coordinator.manager.submit("j1", "imagenet", 1)
-    coordinator.manager.submit("j2", "imagenet", 1)
-    coordinator.manager.submit("j3", "imagenet", 1)
+    coordinator.manager.jobs.submit("j1", "imagenet", 1)
+    coordinator.manager.jobs.submit("j2", "imagenet", 1)
+    coordinator.manager.jobs.submit("j3", "imagenet", 1)
     status = coordinator.update_policy("imagenet", {"max_jobs_per_copy": 2, "cleanup": "lru"})
     assert (status["max_jobs_per_copy"], status["cleanup"]) == (2, "lru")
     assert status["jobs"] == {"running": 2, "suspended": 1}
@@ -687,7 +690,7 @@ def test_raising_the_limit_promotes_and_policies_are_validated(coordinator: Coor
     with pytest.raises(ConfigError, match="cannot change uri"):
         coordinator.update_policy("imagenet", {"uri": "s3://elsewhere/"})
     assert coordinator.dataset_status("imagenet")["cleanup"] == "lru"
-    assert any(e["kind"] == "policy" for e in coordinator.manager.list_events("imagenet"))
+    assert any(e["kind"] == "policy" for e in coordinator.manager.journal.list_events("imagenet"))
 
 
 def test_a_preload_counts_as_use_for_ttl(coordinator: Coordinator, clock: FakeClock) -> None:
