@@ -35,6 +35,7 @@ This is the heart of the read path (docs/architecture.md, "Read path"):
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -179,7 +180,8 @@ class BlockReader:
         self._store_limiter = self.store_concurrency.limiter
         metrics.store_concurrency["read"] = self.store_concurrency.report
         self._disk_limiter = trio.CapacityLimiter(limits.disk_threads)
-        self._admit_limiter = trio.CapacityLimiter(limits.admit_threads)
+        # Admissions at once, in whichever thread fetched the block (threads, not trio tasks).
+        self._admit_slots = threading.BoundedSemaphore(limits.admit_threads)
         self._recent = _RecentBlocks(limits.recent_bytes)
         self._flights: dict[bytes, _Flight] = {}
         self._readahead_blocks = limits.readahead_blocks
@@ -239,7 +241,9 @@ class BlockReader:
             key = self._block_keys[identity] = BlockKey.make(*identity)
         return key
 
-    async def serve_readahead(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve_readahead(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run read-ahead fetches until cancelled (the worker starts this in its nursery)."""
         try:
             async with trio.open_nursery() as nursery:
@@ -438,18 +442,20 @@ class BlockReader:
                 fill = holder or self.route.fill_address(source.dataset, key.shard)
                 if fill is not None:
                     data = await self._get_from_peer(fill, source, file, index, cached_only=True)
+            # Only the owner admits; a non-owner reads through, so the block stays cached once
+            # per copy. A block from the store is admitted in the thread that fetched it (one
+            # hop off the trio loop per miss, not two).
+            owner = peer is None and holder is None
+            admitted = None
             if data is not None:
                 flight.where = "peer"
+                if owner:
+                    admitted = await trio.to_thread.run_sync(self._admit, key, data)
             else:
-                data = await self._get_from_store(source, file, index)
-                flight.where = "store"
-            # Only the owner admits; a non-owner reads through, so the block stays cached once
-            # per copy.
-            admitted = None
-            if peer is None and holder is None:
-                admitted = await trio.to_thread.run_sync(
-                    self.cache.put, key, data, limiter=self._admit_limiter
+                data, admitted = await self._get_from_store(
+                    source, file, index, admit_as=key if owner else None
                 )
+                flight.where = "store"
             if admitted is None:
                 self._recent.put(key.raw, data)
             flight.data = data
@@ -478,6 +484,7 @@ class BlockReader:
             source.dataset, file.key, file.etag, file.size, index, source.block_size, cached_only
         )
         label = "fill_" if cached_only else ""
+        assert self.peers is not None  # a reader given a route is given its peer client too
         try:
             data = await self.peers.get_block(address, request)
         except PeerUnavailable:
@@ -494,15 +501,33 @@ class BlockReader:
         self.metrics.peer_request(label + "ok")
         return data
 
-    async def _get_from_store(self, source: DataSource, file: FileVersion, index: int) -> bytes:
+    def _admit(self, key: BlockKey, data: bytes) -> str | None:
+        """Blocking (in a thread): ``cache.put`` within the admission slots."""
+        with self._admit_slots:
+            return self.cache.put(key, data)
+
+    async def _get_from_store(
+        self, source: DataSource, file: FileVersion, index: int, *, admit_as: BlockKey | None
+    ) -> tuple[bytes, str | None]:
+        """The block from the store and, with ``admit_as``, the tier that admitted it under
+        that key (None: not admitted)."""
         start = index * source.block_size
         length = min(source.block_size, file.size - start)
         began = time.perf_counter()
+        answered = began  # when the store's answer was in (set in the thread)
         throttled_before = throttled_tries(source.store)
+
+        def get_and_admit() -> tuple[bytes, str | None]:
+            nonlocal answered
+            data = source.store.get_range(file.key, start, length, etag=file.etag)
+            answered = time.perf_counter()
+            if admit_as is None or len(data) != length:
+                return data, None
+            return data, self._admit(admit_as, data)
+
         try:
-            data = await trio.to_thread.run_sync(
-                partial(source.store.get_range, file.key, start, length, etag=file.etag),
-                limiter=self._store_limiter,
+            data, admitted = await trio.to_thread.run_sync(
+                get_and_admit, limiter=self._store_limiter
             )
         except StoreError as exc:
             self.metrics.store_request("get", type(exc).__name__, time.perf_counter() - began)
@@ -511,7 +536,7 @@ class BlockReader:
             )
             raise exc.with_context(dataset=source.dataset, key=file.key) from exc
         self.store_concurrency.record(throttled=throttled_tries(source.store) > throttled_before)
-        self.metrics.store_request("get", "ok", time.perf_counter() - began)
+        self.metrics.store_request("get", "ok", answered - began)
         if len(data) != length:  # the store contract forbids this; never serve it if it happens
             raise StoreIOError(
                 f"store returned {len(data)} bytes for a {length}-byte range at {start}",
@@ -519,4 +544,4 @@ class BlockReader:
                 key=file.key,
             )
         self.metrics.store_bytes += length
-        return data
+        return data, admitted
