@@ -1,11 +1,13 @@
 """A minimal HTTP/1.1 client for the lean GET path: keep-alive connections to one origin.
 
 urllib3 and http.client cost ~0.5 ms of CPU per GET here (header objects, response classes,
-several layers of buffered reads); this client sends one GET as one ``sendall``, reads the
-status line and headers from one buffer, and receives the body straight into a buffer of its
-announced length. It does only what the lean client needs: GET, bodies framed by
-Content-Length, chunked transfer coding, or the end of the connection; HTTP and HTTPS (the
-caller's TLS context); one request at a time per connection, idle connections kept for reuse.
+several layers of Python around the socket); this client sends one GET as one ``sendall``,
+reads the status line and headers with the C ``readline`` of an ``io.BufferedReader``, and the
+body with one ``read(length)`` of it, which receives a large body straight into the bytes
+object it returns (one copy, no zero-filled buffer). It does only what the lean client
+needs: GET, bodies framed by Content-Length, chunked transfer coding, or the end of the
+connection; HTTP and HTTPS (the caller's TLS context); one request at a time per connection,
+idle connections kept for reuse.
 
 Failures are exceptions the store's error mapping knows (``cachefs.store.s3.map_error``):
 ``OSError`` subclasses for the network (refused, reset, timeouts: every socket operation is
@@ -17,6 +19,7 @@ again once on a new connection: a GET is idempotent, and no byte of an answer wa
 
 from __future__ import annotations
 
+import io
 import socket
 import ssl
 import threading
@@ -24,7 +27,7 @@ from urllib.parse import urlsplit
 
 #: Largest status line + headers accepted.
 MAX_HEAD_BYTES = 64 * 1024
-#: One recv() of the head or of a body whose length is not announced.
+#: The connection's read buffer (a larger read goes straight into the bytes it returns).
 RECV_BYTES = 256 * 1024
 
 
@@ -41,21 +44,31 @@ class _Stale(Exception):
 
 
 class _Connection:
-    __slots__ = ("buffered", "reused", "sock")
+    __slots__ = ("reader", "reused", "sock")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
-        self.buffered = b""  # received past what was consumed (the start of a body)
+        self.reader = io.BufferedReader(socket.SocketIO(sock, "rb"), RECV_BYTES)
         self.reused = False
 
-    def recv_more(self) -> bytes:
-        data = self.sock.recv(RECV_BYTES)
-        if not data:
-            raise BodyCutShort("the store closed the connection")
+    def line(self) -> bytes:
+        """One line of a head or of chunk framing, CRLF included; the connection must not end."""
+        line = self.reader.readline(MAX_HEAD_BYTES + 1)
+        if not line.endswith(b"\n"):
+            if len(line) > MAX_HEAD_BYTES:
+                raise MalformedAnswer("an answer line is too long")
+            raise BodyCutShort("the store closed the connection inside an answer's head")
+        return line
+
+    def exactly(self, length: int) -> bytes:
+        data = self.reader.read(length)
+        if len(data) < length:
+            raise BodyCutShort(f"the store closed the connection {length - len(data)} bytes early")
         return data
 
     def close(self) -> None:
         try:
+            self.reader.close()
             self.sock.close()
         except OSError:
             pass
@@ -101,7 +114,7 @@ class Response:
         except BaseException:
             connection.close()
             raise
-        if reusable and not connection.buffered:
+        if reusable:
             self._pool._give_back(connection)
         else:
             connection.close()
@@ -206,44 +219,40 @@ class Http1Pool:
         connection.close()
 
     def _read_head(self, connection: _Connection) -> Response:
-        head = b""
-        while (end := head.find(b"\r\n\r\n")) < 0:
-            if len(head) > MAX_HEAD_BYTES:
-                raise MalformedAnswer("the answer's headers are too long")
-            try:
-                data = connection.sock.recv(RECV_BYTES)
-            except (ConnectionResetError, BrokenPipeError):
-                if connection.reused and not head:
-                    raise _Stale from None
-                raise
-            if not data:
-                if connection.reused and not head:
-                    raise _Stale
-                raise BodyCutShort("the store closed the connection before its answer's end")
-            head += data
-        if end > MAX_HEAD_BYTES:
-            raise MalformedAnswer("the answer's headers are too long")
-        connection.buffered = head[end + 4 :]
-        status, headers = _parse_head(head[:end])
-        if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
-            connection.reused = False
-            while (end := connection.buffered.find(b"\r\n\r\n")) < 0:
-                if len(connection.buffered) > MAX_HEAD_BYTES:
+        try:
+            first = connection.reader.readline(MAX_HEAD_BYTES + 1)
+        except (ConnectionResetError, BrokenPipeError):
+            if connection.reused:
+                raise _Stale from None
+            raise
+        if not first and connection.reused:
+            raise _Stale
+        while True:
+            lines = [first]
+            total = len(first)
+            while lines[-1] not in (b"\r\n", b"\n"):
+                if not lines[-1].endswith(b"\n"):
+                    if total > MAX_HEAD_BYTES:
+                        raise MalformedAnswer("the answer's headers are too long")
+                    raise BodyCutShort("the store closed the connection before its answer's end")
+                lines.append(connection.reader.readline(MAX_HEAD_BYTES + 1))
+                total += len(lines[-1])
+                if total > MAX_HEAD_BYTES:
                     raise MalformedAnswer("the answer's headers are too long")
-                connection.buffered += connection.recv_more()
-            head, connection.buffered = connection.buffered[:end], connection.buffered[end + 4 :]
-            status, headers = _parse_head(head)
-        return Response(self, connection, status, headers)
+            status, headers = _parse_head(lines[:-1])
+            if not 100 <= status < 200:
+                return Response(self, connection, status, headers)
+            # An interim answer (100 Continue): the real one follows.
+            first = connection.line()
 
 
-def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
+def _parse_head(lines: list[bytes]) -> tuple[int, dict[str, str]]:
+    parts = lines[0].decode("latin-1").rstrip("\r\n").split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise MalformedAnswer("the answer does not start with an HTTP/1.x status line")
     headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
+    for raw in lines[1:]:
+        name, colon, value = raw.decode("latin-1").partition(":")
         if not colon:
             raise MalformedAnswer("an answer header line has no colon")
         headers[name.strip().lower()] = value.strip()
@@ -257,65 +266,30 @@ def _content_length(value: str) -> int:
 
 
 def _read_exact(connection: _Connection, length: int) -> bytes:
-    buffered = connection.buffered
-    if len(buffered) >= length:
-        connection.buffered = buffered[length:]
-        return buffered[:length]
-    body = bytearray(length)
-    view = memoryview(body)
-    view[: len(buffered)] = buffered
-    filled = len(buffered)
-    connection.buffered = b""
-    sock = connection.sock
-    while filled < length:
-        received = sock.recv_into(view[filled:])
-        if received == 0:
-            raise BodyCutShort(f"the store closed the connection {length - filled} bytes early")
-        filled += received
-    return bytes(body)
-
-
-def _read_line(connection: _Connection) -> bytes:
-    while (end := connection.buffered.find(b"\r\n")) < 0:
-        if len(connection.buffered) > MAX_HEAD_BYTES:
-            raise MalformedAnswer("a chunk header is too long")
-        connection.buffered += connection.recv_more()
-    line = connection.buffered[:end]
-    connection.buffered = connection.buffered[end + 2 :]
-    return line
+    return connection.exactly(length)
 
 
 def _read_chunked(connection: _Connection, limit: int | None) -> bytes:
-    parts: list[bytes] = []
+    parts = []
     total = 0
     while True:
-        size_text = _read_line(connection).split(b";", 1)[0].strip()
+        size_text = connection.line().split(b";", 1)[0].strip()
         try:
             size = int(size_text, 16)
         except ValueError:
             raise MalformedAnswer("a chunk size is not hexadecimal") from None
         if size == 0:
-            while _read_line(connection):  # trailers, up to the empty line
+            while connection.line() not in (b"\r\n", b"\n"):  # trailers, up to the empty line
                 pass
             return b"".join(parts)
         if limit is not None and total + size > limit:
-            parts.append(_read_exact(connection, limit - total))
+            parts.append(connection.exactly(limit - total))
             return b"".join(parts)
-        parts.append(_read_exact(connection, size))
+        parts.append(connection.exactly(size))
         total += size
-        if _read_line(connection):
+        if connection.line() not in (b"\r\n", b"\n"):
             raise MalformedAnswer("a chunk does not end where its size says")
 
 
 def _read_to_end(connection: _Connection, limit: int | None) -> bytes:
-    parts = [connection.buffered]
-    total = len(connection.buffered)
-    connection.buffered = b""
-    while limit is None or total < limit:
-        data = connection.sock.recv(RECV_BYTES)
-        if not data:
-            break
-        parts.append(data)
-        total += len(data)
-    body = b"".join(parts)
-    return body if limit is None else body[:limit]
+    return connection.reader.read() if limit is None else connection.reader.read(limit)
