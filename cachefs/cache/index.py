@@ -19,7 +19,7 @@ totals in step and records the change as a ``TotalsDelta`` for the in-memory cou
 
 Format 1 (before chunk checksums and footprints) is still opened: its entries read as entries
 whose footprint is their size (what the totals counted for them) and that have no chunk
-checksums. ``TieredBlockCache`` upgrades such an index at open (``_upgrade_legacy_entries``).
+checksums. ``TieredBlockCache`` upgrades such an index at open (``opening.upgrade_legacy_entries``).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class TotalsDelta:
 class IndexWriter:
     """The operations of one write transaction (used only by the thread that opened it)."""
 
-    def __init__(self, index: BlockIndex, txn: lmdb.Transaction) -> None:
+    def __init__(self, index: BlockIndex, txn: lmdb.Transaction[bytes]) -> None:
         self._index = index
         self._txn = txn
         self.delta = TotalsDelta()
@@ -278,8 +278,8 @@ class IndexWriter:
         for source_id, nbytes in self.delta.sources.items():
             key = _META_SOURCE_BYTES + source_id.to_bytes(8, "big")
             old_value = self._txn.get(key, db=meta)
-            old = 0 if old_value is None else _U64.unpack(old_value)[0]
-            _put_or_delete(self._txn, meta, key, (old + nbytes,), _U64)
+            old_bytes: int = 0 if old_value is None else _U64.unpack(old_value)[0]
+            _put_or_delete(self._txn, meta, key, (old_bytes + nbytes,), _U64)
         if self._max_stamp > self._index.read_clock(self._txn):
             self._txn.put(_META_CLOCK, _U64.pack(self._max_stamp), db=meta)
 
@@ -287,17 +287,21 @@ class IndexWriter:
         return _read_tier_totals(self._txn, self._index.meta_db, tier_id)
 
 
-def _read_tier_totals(txn: lmdb.Transaction, meta_db: lmdb._Database, tier_id: int) -> TierTotals:
+def _read_tier_totals(
+    txn: lmdb.Transaction[bytes], meta_db: lmdb._Database, tier_id: int
+) -> TierTotals:
     value = txn.get(_META_TIER_TOTALS + bytes((tier_id,)), db=meta_db)
     return TierTotals(0, 0, 0) if value is None else TierTotals(*_TIER_TOTALS.unpack(value))
 
 
-def _scan_prefix(cursor: lmdb.Cursor, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+def _scan_prefix(cursor: lmdb.Cursor[bytes], prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
     """(key, value) of every record whose key starts with ``prefix``, in key order."""
     return _scan_from(cursor, prefix, prefix)
 
 
-def _scan_from(cursor: lmdb.Cursor, start: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+def _scan_from(
+    cursor: lmdb.Cursor[bytes], start: bytes, prefix: bytes
+) -> Iterator[tuple[bytes, bytes]]:
     """Like :func:`_scan_prefix`, from the first key at or after ``start``."""
     if not cursor.set_range(start):
         return
@@ -308,7 +312,11 @@ def _scan_from(cursor: lmdb.Cursor, start: bytes, prefix: bytes) -> Iterator[tup
 
 
 def _put_or_delete(
-    txn: lmdb.Transaction, db: lmdb._Database, key: bytes, values: tuple, packer: struct.Struct
+    txn: lmdb.Transaction[bytes],
+    db: lmdb._Database,
+    key: bytes,
+    values: tuple[int, ...],
+    packer: struct.Struct,
 ) -> None:
     """Keep ``meta`` small: a total that dropped to zero is removed, not stored."""
     if any(values):
@@ -448,6 +456,6 @@ class BlockIndex:
         with self._env.begin(db=self.meta_db) as txn:
             return self.read_clock(txn)
 
-    def read_clock(self, txn: lmdb.Transaction) -> int:
+    def read_clock(self, txn: lmdb.Transaction[bytes]) -> int:
         value = txn.get(_META_CLOCK, db=self.meta_db)
         return 0 if value is None else _U64.unpack(value)[0]

@@ -73,14 +73,14 @@ class ClusterAgent:
         self.tasks = tasks
         self.interval_s = interval_s
         self.connected = False
-        self.last_view: dict | None = None
+        self.last_view: dict[str, Any] | None = None
         self.last_error: str | None = None
         self._cluster_id_file = os.path.join(state_dir, "cluster-id")
         self._reconcile_wanted = trio.Event()
         self._failed_at: dict[str, float] = {}  # dataset -> when adding/refreshing it failed
         self._served_known: dict[str, int] = {}  # served datasets as last told to the workers
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._reconcile_loop)
             task_status.started()
@@ -143,7 +143,7 @@ class ClusterAgent:
             self.preloader.datasets_changed()
             self.filler.datasets_changed()
 
-    async def _reconcile(self, view: dict) -> None:
+    async def _reconcile(self, view: dict[str, Any]) -> None:
         wanted = {d["spec"]["name"]: d for d in view["datasets"]}
         served = self.worker.served_datasets()
         same_cluster = self._same_cluster(view["cluster_id"])

@@ -44,11 +44,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext
 
 from cachefs.errors import CachefsError, StoreError
-from cachefs.store import StoreConfig, open_store
+from cachefs.store import ObjectStore, StoreConfig, open_store, parse_uri
 from cachefs.store.concurrency import PRELOAD_BOUNDS, throttled_tries
-from cachefs.store.s3 import LEAN_GETS, parse_uri
+from cachefs.store.s3 import LEAN_GETS
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,12 @@ FETCHER_THREADS = PRELOAD_BOUNDS.ceiling
 LEAN_S3_GETS = LEAN_GETS
 
 # Per process: one store client per dataset source (and client kind).
-_stores: dict[tuple[StoreConfig, bool], object] = {}
+_stores: dict[tuple[StoreConfig, bool], ObjectStore] = {}
 _stores_lock = threading.Lock()
+
+#: A fetch as it crosses the pipe: the arguments of :func:`fetch_range` before ``lean_s3``
+#: (config, key, offset, length, etag).
+FetchRequest = tuple[StoreConfig, str, int, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +87,7 @@ class FetchFailed(StoreError):
         self.throttled = throttled
 
 
-def _store(config: StoreConfig, lean_s3: bool):
+def _store(config: StoreConfig, lean_s3: bool) -> ObjectStore:
     with _stores_lock:  # many fetch threads: one client per source
         store = _stores.get((config, lean_s3))
         if store is None:
@@ -90,7 +95,7 @@ def _store(config: StoreConfig, lean_s3: bool):
         return store
 
 
-def _open(config: StoreConfig, lean_s3: bool):
+def _open(config: StoreConfig, lean_s3: bool) -> ObjectStore:
     """The client a fetcher reads ``config``'s source with: its usual store, whose S3 GETs go
     through the lean bulk-GET client (cachefs/store/s3.py ``LEAN_GETS``) unless ``lean_s3`` is
     off (benchmarks compare both) or the client cannot handle the configuration (the reasons
@@ -158,12 +163,12 @@ def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
     exit_with(owner)
     send_lock = threading.Lock()  # an answer and its bytes go out together
 
-    def answer(number: int, request: tuple) -> None:
+    def answer(number: int, request: FetchRequest) -> None:
         data, throttled = fetch_range(*request, lean_s3=lean_s3)
         error = data if isinstance(data, str) else None
         with send_lock:
             conn.send((number, error, throttled))
-            if error is None:
+            if not isinstance(data, str):  # error is None: the bytes follow
                 conn.send_bytes(data)
 
     with ThreadPoolExecutor(threads, thread_name_prefix="cachefs-fetch") as pool:
@@ -181,7 +186,7 @@ class _Fetcher:
     """One fetcher process, seen from the worker: its pipe, and the requests it has not
     answered yet."""
 
-    def __init__(self, context, threads: int, lean_s3: bool):
+    def __init__(self, context: ForkServerContext, threads: int, lean_s3: bool):
         self.conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=serve,
@@ -191,7 +196,7 @@ class _Fetcher:
         )
         self.process.start()
         child_conn.close()
-        self.pending: dict[int, Future] = {}
+        self.pending: dict[int, Future[Fetched]] = {}
         self.alive = True
         self._lock = threading.Lock()  # pending, alive, and one request at a time on the pipe
         self._reader = threading.Thread(
@@ -199,8 +204,8 @@ class _Fetcher:
         )
         self._reader.start()
 
-    def submit(self, number: int, request: tuple) -> Future:
-        future: Future = Future()
+    def submit(self, number: int, request: FetchRequest) -> Future[Fetched]:
+        future: Future[Fetched] = Future()
         with self._lock:
             if not self.alive:
                 raise FetchFailed("the fetcher process has exited (or the pool was closed)")
@@ -273,7 +278,7 @@ class FetcherPool:
 
     def fetch(self, config: StoreConfig, key: str, offset: int, length: int, etag: str) -> Fetched:
         """Blocking: call from a thread. Raises FetchFailed with the reason."""
-        request = (config, key, offset, length, etag)
+        request: FetchRequest = (config, key, offset, length, etag)
         if self.processes <= 0:
             data, throttled = fetch_range(*request, lean_s3=self.lean_s3)
             if isinstance(data, str):

@@ -26,7 +26,8 @@ preloader, the fills run as tasks of one nursery, with a node-wide bound on bloc
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Set as AbstractSet
+from typing import Any, Protocol
 
 import trio
 
@@ -92,7 +93,7 @@ class Filler:
         self._served = ServedDatasets()
         self._nursery: trio.Nursery | None = None
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Owns the fill tasks; runs until cancelled."""
         try:
             async with trio.open_nursery() as nursery:
@@ -107,10 +108,10 @@ class Filler:
         fill). A fill is (dataset, copy, id): new ones start; those no longer in the view (the
         dataset's fill now has another copy or id, or none) are cancelled and forgotten; the
         others follow changes of the shards this node owns."""
-        for dataset, run in list(self._fills.items()):
+        for dataset, current in list(self._fills.items()):
             wanted = assignments.get(dataset)
-            if wanted is None or fill_key(wanted) != run.key:
-                run.cancel_scope.cancel()
+            if wanted is None or fill_key(wanted) != current.key:
+                current.cancel_scope.cancel()
                 del self._fills[dataset]
         if self._nursery is None:
             return
@@ -126,7 +127,7 @@ class Filler:
         dataset look again."""
         self._served.changed()
 
-    def reports(self) -> dict[str, dict]:
+    def reports(self) -> dict[str, dict[str, Any]]:
         """Progress of each fill in the view, per dataset (the heartbeat's ``fills``)."""
         return {dataset: run.report() for dataset, run in self._fills.items()}
 
@@ -166,7 +167,7 @@ class _FillRun:
             self.shards = shards
             self._changed.set()
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {
             "copy": self.copy,
             "id": self.fill_id,
@@ -214,7 +215,7 @@ class _FillRun:
                 await self._changed.wait()
                 self._changed = trio.Event()
 
-    async def _fill_shards(self, shards: set[int], source: PreloadSource) -> None:
+    async def _fill_shards(self, shards: AbstractSet[int], source: PreloadSource) -> None:
         """Try every block of ``shards`` not cached here (one pass)."""
         snapshot, _config, source_id, block_size = source
         for shard in shards:

@@ -124,7 +124,7 @@ class LocalPreloads:
                 job.shards = {}
             self._jobs[job.id] = job
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the Preloader and fold its progress into the jobs until cancelled."""
         try:
             async with trio.open_nursery() as nursery:

@@ -18,6 +18,7 @@ shards from it in the background (:meth:`Membership.fill_assignments`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cachefs.protocol import owner_table
 
@@ -54,7 +55,7 @@ class Membership:
         self.addresses: dict[str, str] = {}
         self._datasets: dict[str, DatasetOwners] = {}
 
-    def update(self, view: dict) -> bool:
+    def update(self, view: dict[str, Any]) -> bool:
         """Take a heartbeat reply's membership. Returns True if any shard changed owner or
         fill source."""
         self.addresses = {

@@ -18,9 +18,11 @@ shard it owns: a shard counts as started only once it was planned.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -62,9 +64,9 @@ def path_matches(key: str, prefixes: tuple[str, ...]) -> bool:
 
 def plan(
     snapshot: Snapshot,
-    selection: dict,
+    selection: dict[str, Any],
     block_size: int,
-    shards: set[int] | None = None,
+    shards: AbstractSet[int] | None = None,
 ) -> dict[int, list[PlannedObject]]:
     """The blocks a job selects, per shard (only ``shards`` if given).
 
@@ -174,7 +176,7 @@ class ShardProgress:
         if len(self.failed) < MAX_FAILURES_LISTED:
             self.failed[key] = reason
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {
             "objects": self.objects,
             "bytes": self.bytes,
@@ -229,7 +231,7 @@ class Preloader:
         self.fetched_blocks = 0
         self.fetch_failures = 0
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Owns the job tasks; runs until cancelled."""
         try:
             async with trio.open_nursery() as nursery:
@@ -239,7 +241,9 @@ class Preloader:
         finally:
             self._nursery = None
 
-    def assign(self, jobs: list[dict], live_nodes: dict[str, dict[str, list[str]]]) -> None:
+    def assign(
+        self, jobs: list[dict[str, Any]], live_nodes: dict[str, dict[str, list[str]]]
+    ) -> None:
         """Take the running jobs from a heartbeat reply (``live_nodes``: dataset → copy → live
         nodes). New jobs start, jobs no longer running stop, the others re-check ownership."""
         running = {job["id"]: job for job in jobs}
@@ -262,11 +266,13 @@ class Preloader:
         dataset look again."""
         self._served.changed()
 
-    def reports(self) -> dict[str, dict[str, dict]]:
+    def reports(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Cumulative progress per job and owned shard, for the heartbeat."""
         return {job_id: run.reports() for job_id, run in self._jobs.items()}
 
-    def _fetch_and_admit(self, config: StoreConfig, key: BlockKey, obj, index, block_size):
+    def _fetch_and_admit(
+        self, config: StoreConfig, key: BlockKey, obj: PlannedObject, index: int, block_size: int
+    ) -> tuple[str | None, bool]:
         """Blocking (in a thread): one block from the store into the cache. Returns (an error
         message or None on success, whether the store answered "slow down" on the way)."""
         start = index * block_size
@@ -280,7 +286,7 @@ class Preloader:
 
 
 class _JobRun:
-    def __init__(self, preloader: Preloader, job: dict):
+    def __init__(self, preloader: Preloader, job: dict[str, Any]):
         self.preloader = preloader
         self.job = job
         self.cancel_scope = trio.CancelScope()
@@ -293,7 +299,7 @@ class _JobRun:
             self.owned = owned
             self._changed.set()
 
-    def reports(self) -> dict[str, dict]:
+    def reports(self) -> dict[str, dict[str, Any]]:
         return {
             str(shard): progress.report()
             for shard, progress in self.progress.items()
@@ -342,7 +348,15 @@ class _JobRun:
         for shard in shards:
             self.progress[shard].complete = True
 
-    async def _load_object(self, shard, obj: PlannedObject, config, source_id, block_size, slot):
+    async def _load_object(
+        self,
+        shard: int,
+        obj: PlannedObject,
+        config: StoreConfig,
+        source_id: int,
+        block_size: int,
+        slot: object,
+    ) -> None:
         preloader = self.preloader
         progress = self.progress[shard]
         try:
@@ -357,6 +371,7 @@ class _JobRun:
                     if data is not None:
                         continue
                 throttled = False
+                began = time.perf_counter()
                 try:
                     error, throttled = await trio.to_thread.run_sync(
                         preloader._fetch_and_admit, config, key, obj, index, block_size
@@ -365,7 +380,11 @@ class _JobRun:
                     error, throttled = str(exc), exc.throttled
                 except CachefsError as exc:
                     error = str(exc)
-                preloader.concurrency.record(throttled=throttled)
+                # The latency too: past the store's own, requests queue here (threads, CPU),
+                # and the limit comes down (cachefs/store/concurrency.py).
+                preloader.concurrency.record(
+                    throttled=throttled, seconds=time.perf_counter() - began
+                )
                 if error is not None:
                     preloader.fetch_failures += 1
                     progress.fail(obj.key, error)

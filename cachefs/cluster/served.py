@@ -17,10 +17,11 @@ import trio
 log = logging.getLogger("cachefs.cluster")
 
 Source = TypeVar("Source")
+Source_co = TypeVar("Source_co", covariant=True)
 
 
-class SourceOf(Protocol[Source]):
-    def preload_source(self, dataset: str) -> Source | None: ...
+class SourceOf(Protocol[Source_co]):
+    def preload_source(self, dataset: str) -> Source_co | None: ...
 
 
 class ServedDatasets:

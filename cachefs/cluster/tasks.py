@@ -48,7 +48,7 @@ class OwnedShards(Protocol):
     def own_copy_shards(self, dataset: str) -> set[int]: ...
 
 
-def trim_shards(task: dict, owned: set[int]) -> tuple[set[int], str | None]:
+def trim_shards(task: dict[str, Any], owned: set[int]) -> tuple[set[int], str | None]:
     """The shards a trim task may free here: those it lists, less those this node owns now.
     Returns (shards, error); an invalid list frees nothing."""
     listed = task.get("shards")
@@ -71,7 +71,7 @@ class TaskRunner:
         self._cache = cache
         self._membership = membership
         self._metrics = metrics
-        self._pending: list[dict] = []  # in the view's order, not yet run
+        self._pending: list[dict[str, Any]] = []  # in the view's order, not yet run
         self._seen: set[str] = set()  # ids queued or run in this process: none runs twice
         self._results: dict[str, dict[str, Any]] = {}  # id -> result of every task run
         self._listed: set[str] = set()  # the ids of the last view
@@ -80,7 +80,7 @@ class TaskRunner:
         self._limiter = trio.CapacityLimiter(1)
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Runs the assigned tasks in order until cancelled."""
         task_status.started()
         while True:
@@ -90,10 +90,11 @@ class TaskRunner:
                 task = self._pending.pop(0)
                 self._results[task["id"]] = await self._execute(task)
 
-    def assign(self, tasks: list[dict]) -> None:
+    def assign(self, tasks: list[dict[str, Any]]) -> None:
         """Take the tasks of a heartbeat reply (applied to the membership first). New ids are
         queued; queued tasks the view no longer lists are dropped, not run."""
-        self._listed = listed = {task.get("id") for task in tasks}
+        # Only string ids are ever queued, run or reported: another id is listed for nothing.
+        self._listed = listed = {task["id"] for task in tasks if isinstance(task.get("id"), str)}
         for task in self._pending:
             if task["id"] not in listed:
                 self._seen.discard(task["id"])  # never run: free to run if listed again
@@ -111,7 +112,7 @@ class TaskRunner:
         results = self._results
         return {task_id: results[task_id] for task_id in self._listed if task_id in results}
 
-    async def _execute(self, task: dict) -> dict[str, Any]:
+    async def _execute(self, task: dict[str, Any]) -> dict[str, Any]:
         kind, dataset = task.get("kind"), task.get("dataset")
         freed, error = 0, None
         if kind not in KINDS:

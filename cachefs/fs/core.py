@@ -211,6 +211,7 @@ class FileSystem:
             for dataset in self.datasets():
                 if dataset.slot > after:
                     root = dataset.snapshot.getattr(SNAPSHOT_ROOT)
+                    assert root is not None  # every snapshot has its root directory
                     yield dataset.name.encode(), self._attr(dataset, root), dataset.slot
             return
         dataset, local = self._directory(ino)

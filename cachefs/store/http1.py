@@ -270,7 +270,7 @@ def _read_exact(connection: _Connection, length: int) -> bytes:
 
 
 def _read_chunked(connection: _Connection, limit: int | None) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     total = 0
     while True:
         size_text = connection.line().split(b";", 1)[0].strip()
