@@ -87,3 +87,56 @@ def test_the_s3_store_counts_throttled_tries(moto_s3, fault_proxy) -> None:
         assert fault_proxy.count("GET", path_contains="a.bin") == 5
     finally:
         store.close()
+
+
+def run_rounds(limit: AdaptiveConcurrency, latency_of, rounds: int) -> list[int]:
+    """Answer ``rounds`` windows of requests; the k-th answer of a window with ``n`` in flight
+    takes ``latency_of(n, k)`` (a model of a store and of this node). The limits seen."""
+    seen = []
+    for _ in range(rounds):
+        in_flight = limit.limit
+        for k in range(in_flight):
+            limit.record(throttled=False, seconds=latency_of(in_flight, k))
+        seen.append(limit.limit)
+    return seen
+
+
+def busy_cpu(n: int, k: int) -> float:
+    """A fast store (1 ms) behind a CPU that serves 3 requests at a time: the k-th answer of
+    a window waits for the k // 3 batches before it."""
+    return 0.001 * (1 + k // 3)
+
+
+def test_requests_that_queue_here_bring_the_limit_down_and_it_settles() -> None:
+    limit = AdaptiveConcurrency(ConcurrencyBounds(initial=16, floor=2, ceiling=64), purpose="t")
+    seen = run_rounds(limit, busy_cpu, 40)
+    assert seen[0] < 16 and limit.decreases == 0  # latency, not throttling, lowered it
+    assert all(4 <= n <= 8 for n in seen[-10:]), seen
+    assert limit.peak <= 32  # one round of slow start (a doubling) before the first signal
+
+
+def test_a_store_far_away_keeps_its_requests_in_flight() -> None:
+    """20 ms of latency whatever the count: nothing waits here, slow start runs to the
+    ceiling and the limit stays there."""
+    limit = AdaptiveConcurrency(ConcurrencyBounds(initial=16, floor=2, ceiling=64), purpose="t")
+    seen = run_rounds(limit, lambda n, k: 0.020, 20)
+    assert seen[-1] == 64 and min(seen[2:]) == 64
+
+
+def test_a_store_that_gets_slower_for_good_is_not_mistaken_for_queueing() -> None:
+    """The base latency is the fastest of the last rounds: once the store itself is slower
+    (5 ms instead of 1 ms, nothing queued), the old base leaves the window and the limit
+    grows back instead of staying down."""
+    limit = AdaptiveConcurrency(ConcurrencyBounds(initial=8, floor=2, ceiling=32), purpose="t")
+    run_rounds(limit, lambda n, k: 0.001, 10)
+    assert limit.limit == 32
+    seen = run_rounds(limit, lambda n, k: 0.005, 60)
+    assert min(seen) < 32 and seen[-1] == 32, seen
+
+
+def test_throttling_still_halves_a_latency_driven_limit() -> None:
+    limit = AdaptiveConcurrency(ConcurrencyBounds(initial=16, floor=2, ceiling=64), purpose="t")
+    run_rounds(limit, lambda n, k: 0.020, 5)
+    assert limit.limit == 64
+    limit.record(throttled=True, seconds=0.020)
+    assert (limit.limit, limit.decreases) == (32, 1)
