@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -133,9 +133,24 @@ def _sent(request_kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"body": request_kwargs.get("json"), "query": request_kwargs.get("params")}
 
 
+_Client = TypeVar("_Client", bound="_JSONCalls")
+
+
 class _JSONCalls:
-    """What both clients share: a call whose answer is the JSON document its route documents.
-    ``_request`` (each client's own) sends a call and returns its decoded answer."""
+    """What both clients share: their HTTP client (closed by :meth:`close` or a ``with``
+    block), and a call whose answer is the JSON document its route documents. ``_request``
+    (each client's own) sends a call and returns its decoded answer."""
+
+    _http: httpx.Client
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self: _Client) -> _Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -197,15 +212,6 @@ class ControlClient(PreloadCalls):
             base_url="http://cachefs-worker",
             timeout=timeout,
         )
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> ControlClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -331,15 +337,6 @@ class CoordinatorClient(PreloadCalls):
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> CoordinatorClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

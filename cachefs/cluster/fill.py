@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import trio
 
+from cachefs.background import BackgroundTasks
 from cachefs.cache.base import BlockCache, BlockKey
 from cachefs.errors import CachefsError
 from cachefs.metrics import WorkerMetrics
@@ -91,17 +92,11 @@ class Filler:
         self._admit_limiter = trio.CapacityLimiter(4)
         self._fills: dict[str, _FillRun] = {}  # dataset -> its fill in the view
         self._served = ServedDatasets()
-        self._nursery: trio.Nursery | None = None
+        self._tasks = BackgroundTasks()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Owns the fill tasks; runs until cancelled."""
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            self._nursery = None
+        await self._tasks.run(task_status=task_status)
 
     def assign(self, assignments: dict[str, FillAssignment]) -> None:
         """Take this node's fills from the membership after a heartbeat (dataset → what to
@@ -113,13 +108,13 @@ class Filler:
             if wanted is None or fill_key(wanted) != current.key:
                 current.cancel_scope.cancel()
                 del self._fills[dataset]
-        if self._nursery is None:
+        if not self._tasks.running:
             return
         for dataset, wanted in assignments.items():
             run = self._fills.get(dataset)
             if run is None:
                 run = self._fills[dataset] = _FillRun(self, wanted)
-                self._nursery.start_soon(run.run)
+                self._tasks.start_soon(run.run)
             run.set_shards(wanted.shards)
 
     def datasets_changed(self) -> None:

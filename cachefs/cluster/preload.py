@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import trio
 
+from cachefs.background import BackgroundTasks
 from cachefs.cache.base import BlockCache, BlockKey, key_hash_of
 from cachefs.errors import CachefsError
 from cachefs.meta import Entry, Snapshot
@@ -226,20 +227,14 @@ class Preloader:
         self._admit_limiter = trio.CapacityLimiter(4)
         self._jobs: dict[str, _JobRun] = {}
         self._served = ServedDatasets()
-        self._nursery: trio.Nursery | None = None
+        self._tasks = BackgroundTasks()
         self.fetched_bytes = 0
         self.fetched_blocks = 0
         self.fetch_failures = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Owns the job tasks; runs until cancelled."""
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            self._nursery = None
+        await self._tasks.run(task_status=task_status)
 
     def assign(
         self, jobs: list[dict[str, Any]], live_nodes: dict[str, dict[str, list[str]]]
@@ -255,10 +250,10 @@ class Preloader:
             owned = self._membership.owned_shards(job["dataset"], job["copy"], nodes)
             run = self._jobs.get(job_id)
             if run is None:
-                if self._nursery is None:
+                if not self._tasks.running:
                     return
                 run = self._jobs[job_id] = _JobRun(self, job)
-                self._nursery.start_soon(run.run)
+                self._tasks.start_soon(run.run)
             run.set_owned(owned)
 
     def datasets_changed(self) -> None:

@@ -45,6 +45,7 @@ from typing import Protocol
 
 import trio
 
+from cachefs.background import BackgroundTasks
 from cachefs.cache.base import BlockCache, BlockKey, CheckedBlock, OpenBlock
 from cachefs.errors import CachefsError, StoreError, StoreIOError
 from cachefs.metrics import WorkerMetrics
@@ -189,8 +190,8 @@ class BlockReader:
         # (source id, object key) -> (the block its last read ended in, the read-ahead window
         # in blocks it has reached); bounded, oldest dropped.
         self._last_block: OrderedDict[tuple[int, str], tuple[int, int]] = OrderedDict()
-        # Read-ahead fetches run here, in the nursery of serve_readahead (None: not running).
-        self._background: trio.Nursery | None = None
+        # Read-ahead fetches run here, while serve_readahead runs.
+        self._background = BackgroundTasks()
         # (source id, object key, etag, index) -> its BlockKey: a block read in many requests
         # (128 KiB each, 32 per 4 MiB block) hashes its key once. Cleared when full.
         self._block_keys: dict[tuple[int, str, str, int], BlockKey] = {}
@@ -245,13 +246,7 @@ class BlockReader:
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Run read-ahead fetches until cancelled (the worker starts this in its nursery)."""
-        try:
-            async with trio.open_nursery() as nursery:
-                self._background = nursery
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            self._background = None
+        await self._background.run(task_status=task_status)
 
     def _note_sequential(
         self,
@@ -283,7 +278,7 @@ class BlockReader:
         self._last_block[slot] = (last, window)
         if len(self._last_block) > LAST_BLOCK_SLOTS:
             self._last_block.popitem(last=False)
-        if self._background is None or not fetch:
+        if not self._background.running or not fetch:
             return
         final = (file.size - 1) // source.block_size
         for index in range(last + 1, min(last + fetch, final) + 1):

@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from cachefs.background import BackgroundTasks
 from cachefs.cache.base import CHUNK_CHECKSUM_LEN, chunk_count, first_bad_chunk
 from cachefs.peer import wire
 from cachefs.peer.base import (
@@ -153,16 +154,12 @@ class PeerClient:
         self._down_until: dict[str, float] = {}  # address -> time.monotonic() deadline
         self._connections: dict[str, _Connection] = {}
         self._connecting: dict[str, trio.Lock] = {}
-        self._nursery: trio.Nursery | None = None
+        self._tasks = BackgroundTasks()  # the connections' receivers
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started()
-                await trio.sleep_forever()
+            await self._tasks.run(task_status=task_status)
         finally:
-            self._nursery = None
             for connection in list(self._connections.values()):
                 connection.close("the peer client stopped")
             self._connections.clear()
@@ -246,11 +243,13 @@ class PeerClient:
             connection = self._connections.get(address)
             if connection is not None and connection.broken is None:
                 return connection
-            if self._nursery is None:  # stopped (shutting down) or never started
+            if not self._tasks.running:  # stopped (shutting down) or never started
                 raise _PeerFault("this node's peer client is not running")
             connection = await self._connect(address)
             self._connections[address] = connection
-            self._nursery.start_soon(self._receive, connection)
+            if not self._tasks.start_soon(self._receive, connection):  # stopped meanwhile
+                connection.close("the peer client stopped")
+                raise _PeerFault("this node's peer client is not running")
             return connection
 
     async def _receive(self, connection: _Connection) -> None:

@@ -25,15 +25,7 @@ import os
 import stat
 from collections.abc import Iterator
 
-from cachefs.errors import (
-    ConfigError,
-    ObjectChanged,
-    ObjectNotFound,
-    StoreAuthError,
-    StoreBucketNotFound,
-    StoreError,
-    StoreIOError,
-)
+from cachefs import errors
 from cachefs.store.base import ObjectInfo, StoreConfig
 from cachefs.store.uri import parse_uri
 
@@ -51,7 +43,9 @@ class LocalStore:
     def __init__(self, config: StoreConfig):
         source = parse_uri(config.uri)
         if source.scheme != "file":
-            raise ConfigError(f"LocalStore cannot open {config.uri!r}: it is not a file:// URI")
+            raise errors.ConfigError(
+                f"LocalStore cannot open {config.uri!r}: it is not a file:// URI"
+            )
         self._root = source.path
         self._dataset = config.dataset
         self.description = str(source)
@@ -93,7 +87,7 @@ class LocalStore:
         except OSError as err:
             raise self._map_os_error(err, key) from err
         if not stat.S_ISREG(st.st_mode):
-            raise self._error(ObjectNotFound, "not a regular file", key)
+            raise self._error(errors.ObjectNotFound, "not a regular file", key)
         return _info(key, st)
 
     def get_range(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
@@ -116,7 +110,7 @@ class LocalStore:
             os.close(fd)
         if len(data) != length:
             raise self._error(
-                StoreIOError,
+                errors.StoreIOError,
                 f"the file ended after {offset + len(data)} bytes; {offset + length} were expected",
                 key,
             )
@@ -130,7 +124,7 @@ class LocalStore:
     def _real_root(self) -> str:
         real_root = os.path.realpath(self._root)
         if not os.path.isdir(real_root):
-            raise self._error(StoreBucketNotFound, "the directory does not exist", "")
+            raise self._error(errors.StoreBucketNotFound, "the directory does not exist", "")
         return real_root
 
     def _sorted_children(
@@ -213,29 +207,31 @@ class LocalStore:
     def _path_of(self, key: str) -> str:
         """The resolved path of ``key``, refusing anything that leaves the root."""
         if "\0" in key or any(part in ("", ".", "..") for part in key.split("/")):
-            raise self._error(ObjectNotFound, "not a valid object key", key)
+            raise self._error(errors.ObjectNotFound, "not a valid object key", key)
         real_root = self._real_root()
         path = os.path.realpath(os.path.join(real_root, key))
         if not _is_inside(real_root, path):
-            raise self._error(ObjectNotFound, "the path leads outside the dataset directory", key)
+            raise self._error(
+                errors.ObjectNotFound, "the path leads outside the dataset directory", key
+            )
         return path
 
     def _check_version(self, fd: int, key: str, etag: str | None) -> None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise self._error(ObjectNotFound, "not a regular file", key)
+            raise self._error(errors.ObjectNotFound, "not a regular file", key)
         if etag is not None and etag_of(st) != etag:
-            raise self._error(ObjectChanged, _CHANGED, key)
+            raise self._error(errors.ObjectChanged, _CHANGED, key)
 
-    def _map_os_error(self, err: OSError, key: str) -> StoreError:
+    def _map_os_error(self, err: OSError, key: str) -> errors.StoreError:
         """The one place where OS errors become store errors (strerror only: no paths)."""
         if isinstance(err, (FileNotFoundError, NotADirectoryError)):
-            return self._error(ObjectNotFound, "the file does not exist", key)
+            return self._error(errors.ObjectNotFound, "the file does not exist", key)
         if isinstance(err, PermissionError):
-            return self._error(StoreAuthError, "permission denied", key)
-        return self._error(StoreIOError, f"{err.strerror or type(err).__name__}", key)
+            return self._error(errors.StoreAuthError, "permission denied", key)
+        return self._error(errors.StoreIOError, f"{err.strerror or type(err).__name__}", key)
 
-    def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
+    def _error(self, kind: type[errors.StoreError], cause: str, key: str) -> errors.StoreError:
         return kind(cause, dataset=self._dataset, key=key, store=self.description)
 
 

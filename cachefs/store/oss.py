@@ -32,17 +32,7 @@ import oss2.exceptions
 import requests.exceptions
 import urllib3.exceptions
 
-from cachefs.errors import (
-    ConfigError,
-    ObjectChanged,
-    ObjectNotFound,
-    StoreAuthError,
-    StoreBucketNotFound,
-    StoreError,
-    StoreIOError,
-    StoreThrottled,
-    StoreUnavailable,
-)
+from cachefs import errors
 from cachefs.store.base import ObjectInfo, StoreConfig
 from cachefs.store.retry import (
     Attempt,
@@ -83,7 +73,9 @@ class OSSStore(RetriedStore):
     def __init__(self, config: StoreConfig, *, page_size: int = MAX_PAGE_SIZE):
         source = parse_uri(config.uri)
         if source.scheme != "oss":
-            raise ConfigError(f"OSSStore cannot open {config.uri!r}: it is not an oss:// URI")
+            raise errors.ConfigError(
+                f"OSSStore cannot open {config.uri!r}: it is not an oss:// URI"
+            )
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be 1..{MAX_PAGE_SIZE}, not {page_size}")
         self._endpoint = _endpoint_of(config)
@@ -119,13 +111,7 @@ class OSSStore(RetriedStore):
             )
             for entry in page.object_list:
                 key = entry.key[len(self._prefix) :]
-                if previous_key is not None and key <= previous_key:
-                    # Code-point order of str is UTF-8 byte order, which OSS promises.
-                    raise self._error(
-                        StoreIOError,
-                        f"the store listed keys out of order ({key!r} after {previous_key!r})",
-                        key,
-                    )
+                self._check_listing_order(previous_key, key)
                 previous_key = key
                 yield ObjectInfo(
                     key=key,
@@ -137,7 +123,7 @@ class OSSStore(RetriedStore):
                 return
             if not page.next_continuation_token:
                 raise self._error(
-                    StoreIOError,
+                    errors.StoreIOError,
                     "the store sent a truncated listing without a continuation token",
                     prefix,
                 )
@@ -224,7 +210,7 @@ class OSSStore(RetriedStore):
         try:
             # A store that ignores If-Match must still not hand us another version's bytes.
             if etag is not None and result.etag is not None and result.etag != etag:
-                raise self._error(ObjectChanged, _CHANGED, key)
+                raise self._error(errors.ObjectChanged, _CHANGED, key)
             chunks, received = [], 0
             while received <= length and (chunk := result.read(BODY_CHUNK)):
                 attempt.check_abandoned()  # a try that lost stops here; close() drops it
@@ -245,7 +231,7 @@ class OSSStore(RetriedStore):
         )
 
     def _attempt(self, key: str, sdk_call: Callable[[], T]) -> T:
-        """Run one SDK call, translating whatever the SDK raises into a StoreError."""
+        """Run one SDK call, translating whatever the SDK raises into a errors.StoreError."""
         try:
             return sdk_call()
         except (
@@ -263,7 +249,7 @@ class OSSStore(RetriedStore):
         secret = os.environ.get("OSS_ACCESS_KEY_SECRET", "")
         if not key_id or not secret:
             raise self._error(
-                StoreAuthError,
+                errors.StoreAuthError,
                 "no OSS credentials found (set OSS_ACCESS_KEY_ID and OSS_ACCESS_KEY_SECRET, "
                 "or give a credentials file)",
                 "",
@@ -271,39 +257,41 @@ class OSSStore(RetriedStore):
         return key_id, secret
 
 
-def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> StoreError:
+def _map_error(exc: Exception, *, key: str, dataset: str, store: str) -> errors.StoreError:
     """The one place where OSS SDK exceptions become cachefs store errors.
 
     Messages use only status codes, OSS error codes and exception class names — never the
     server's message text, which for SignatureDoesNotMatch quotes the string that was signed.
     """
 
-    def error(kind: type[StoreError], cause: str) -> StoreError:
+    def error(kind: type[errors.StoreError], cause: str) -> errors.StoreError:
         return kind(cause, dataset=dataset, key=key, store=store)
 
     if isinstance(exc, oss2.exceptions.RequestError):
         # oss2 wraps the requests exception raised while sending (refused, reset, timeout).
-        return error(StoreUnavailable, network_failure_cause(exc))
+        return error(errors.StoreUnavailable, network_failure_cause(exc))
     if isinstance(exc, oss2.exceptions.ServerError):
         status, code = int(exc.status), str(exc.code or "")
         if is_throttling(status, code):
-            return error(StoreThrottled, f"the store is unavailable: HTTP {status} {code}")
+            return error(errors.StoreThrottled, f"the store is unavailable: HTTP {status} {code}")
         if status >= 500 or code in _TRANSIENT_CODES:
-            return error(StoreUnavailable, f"the store is unavailable: HTTP {status} {code}")
+            return error(errors.StoreUnavailable, f"the store is unavailable: HTTP {status} {code}")
         if status in (401, 403) or code in _AUTH_CODES:
-            return error(StoreAuthError, f"credentials rejected by OSS: {code or status}")
+            return error(errors.StoreAuthError, f"credentials rejected by OSS: {code or status}")
         if code == "NoSuchBucket":
-            return error(StoreBucketNotFound, "the bucket does not exist")
+            return error(errors.StoreBucketNotFound, "the bucket does not exist")
         if code == "NoSuchKey" or status == 404:
-            return error(ObjectNotFound, "the object does not exist in the store")
+            return error(errors.ObjectNotFound, "the object does not exist in the store")
         if code == "PreconditionFailed" or status == 412:
-            return error(ObjectChanged, _CHANGED)
-        return error(StoreIOError, f"unexpected response from the store: HTTP {status} {code}")
+            return error(errors.ObjectChanged, _CHANGED)
+        return error(
+            errors.StoreIOError, f"unexpected response from the store: HTTP {status} {code}"
+        )
     if isinstance(exc, oss2.exceptions.OssError):
         # Raised by oss2 itself before or after talking to the server (ClientError and kin).
-        return error(StoreIOError, f"the OSS SDK failed: {type(exc).__name__}")
+        return error(errors.StoreIOError, f"the OSS SDK failed: {type(exc).__name__}")
     # requests/urllib3/socket errors raised while reading a response body.
-    return error(StoreUnavailable, network_failure_cause(exc))
+    return error(errors.StoreUnavailable, network_failure_cause(exc))
 
 
 def _endpoint_of(config: StoreConfig) -> str:
@@ -311,7 +299,7 @@ def _endpoint_of(config: StoreConfig) -> str:
         return check_endpoint(config.endpoint)
     if config.region:
         return check_endpoint(f"https://oss-{config.region}.aliyuncs.com")
-    raise ConfigError(
+    raise errors.ConfigError(
         f"OSS source {config.uri!r} needs an endpoint (e.g. https://oss-cn-hangzhou.aliyuncs.com) "
         "or a region (e.g. cn-hangzhou)"
     )
@@ -325,14 +313,14 @@ def _credentials_from_file(path: str, section: str) -> tuple[str, str]:
         with open(path, encoding="utf-8") as file:
             parser.read_file(file)
     except (OSError, UnicodeDecodeError, configparser.Error) as err:
-        raise ConfigError(
+        raise errors.ConfigError(
             f"cannot read the OSS credentials file {path!r}: {type(err).__name__}"
         ) from None
     values = []
     for option in ("access_key_id", "access_key_secret"):
         value = parser.get(section, option, fallback="").strip()
         if not value:
-            raise ConfigError(
+            raise errors.ConfigError(
                 f"OSS credentials file {path!r} has no {option!r} in section [{section}]"
             )
         values.append(value)

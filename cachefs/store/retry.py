@@ -475,6 +475,16 @@ class RetriedStore:
     def _error(self, kind: type[StoreError], cause: str, key: str) -> StoreError:
         return kind(cause, dataset=self._dataset, key=key, store=self.description)
 
+    def _check_listing_order(self, previous_key: str | None, key: str) -> None:
+        """Listings must come in strictly ascending UTF-8 byte order (code-point order of str),
+        as S3 and OSS promise; the snapshot build relies on it."""
+        if previous_key is not None and key <= previous_key:
+            raise self._error(
+                StoreIOError,
+                f"the store listed keys out of order ({key!r} after {previous_key!r})",
+                key,
+            )
+
     def _hedged_read(
         self, key: str, offset: int, length: int, one_try: Callable[[Attempt], bytes]
     ) -> bytes:

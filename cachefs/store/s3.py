@@ -183,13 +183,7 @@ class S3Store(S3Calls):
             )
             for entry in page.get("Contents", ()):
                 key = entry["Key"][len(self._prefix) :]
-                if previous_key is not None and key <= previous_key:
-                    # Code-point order of str is UTF-8 byte order, which S3 promises.
-                    raise self._error(
-                        StoreIOError,
-                        f"the store listed keys out of order ({key!r} after {previous_key!r})",
-                        key,
-                    )
+                self._check_listing_order(previous_key, key)
                 previous_key = key
                 yield _object_info(key, entry["Size"], entry["ETag"], entry["LastModified"])
             if not page.get("IsTruncated"):
