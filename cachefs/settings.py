@@ -115,6 +115,7 @@ class Option:
 
     flag: str  # "--ram"
     kind: Kind
+    typed: str | None  # the default as a user would type it; None: a default in words
     help: str  # markdown: `code` in backticks (the README shows them, --help drops them)
     shown: Callable[[], str]  # the default, in markdown, as the README and --help show it
     commands: frozenset[str]
@@ -150,7 +151,7 @@ def option(
     elif shown is None:
         shown = "required" if required else "none"
     text = shown if callable(shown) else _constant(shown)
-    metadata = {"option": Option(flag, kind, help, text, commands, required)}
+    metadata = {"option": Option(flag, kind, default, help, text, commands, required)}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=value, metadata=metadata)
@@ -202,6 +203,15 @@ def default_ram_dir(state_dir: str) -> str:
 class SsdTier:
     path: str
     capacity: int
+
+
+@dataclass(frozen=True)
+class Following:
+    """What a worker that follows a coordinator needs, all given (:meth:`WorkerConfig.cluster`)."""
+
+    coordinator: str  # its URL
+    token: str  # bearer token of the coordinator and the peer endpoints
+    listen: str  # HOST:PORT of this node's peer block server
 
 
 def _read_start() -> int:
@@ -435,6 +445,15 @@ class WorkerConfig:
     # Hinted blocks being fetched at once: enough to hide a store's latency (tens of ms per
     # GET), half of the store's starting limit so FUSE misses keep the other half.
     prefetch_concurrency: int = 16
+
+    def cluster(self) -> Following | None:
+        """The coordinator this worker follows, with what that needs; None on a single node.
+        A ConfigError if it follows one without --listen or a token."""
+        if not self.coordinator:
+            return None
+        if not self.listen or not self.token:
+            raise ConfigError("a worker that follows a coordinator needs --listen and a token")
+        return Following(self.coordinator, self.token, self.listen)
 
     @property
     def socket_path(self) -> str:

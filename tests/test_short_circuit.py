@@ -10,7 +10,7 @@ import random
 import pytest
 
 from cachefs.client import ControlClient, ControlError
-from cachefs.worker import Prefetcher
+from cachefs.fs.prefetch import Prefetcher
 from tests.waiting import wait_for
 from tests.worker_process import WorkerProcess, drop_page_cache, start_s3_world
 from tf_dataset.reader import CachedBlock, FileLayout, ShortCircuitReader, read_block_file

@@ -80,11 +80,11 @@ def _refuse_an_empty_listing(spec: dict[str, Any]) -> None:
     before the coordinator accepts it, since its workers list the source only later. One
     LIST request, from where the CLI runs: if it cannot list from here (no credentials here, a
     file:// path only the workers have), it says so and adds the dataset unchecked."""
+    from cachefs.datasets import store_config
     from cachefs.store import open_store
     from cachefs.store.base import names_a_file
-    from cachefs.worker import Worker
 
-    config = Worker.store_config(DatasetSpec.from_json(spec))
+    config = store_config(DatasetSpec.from_json(spec))
     logging.getLogger("botocore").setLevel(logging.WARNING)  # "found credentials": noise here
     try:
         store = open_store(config)

@@ -1,0 +1,166 @@
+"""The worker's FUSE mount: made, served, tuned and taken down, and the kernel's caches of it
+told what changed. The mountpoint itself (checked, a dead mount cleared, recorded for the next
+start) is cachefs/mountpoint.py's; the requests are the FUSE adapter's (fuse_ops.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Callable
+from functools import partial
+
+import trio
+
+from cachefs.cache.base import BlockCache
+from cachefs.errors import ConfigError
+from cachefs.fs import fuse_ops
+from cachefs.fs.core import FileSystem
+from cachefs.fs.native_reads import NativeReads
+from cachefs.metrics import WorkerMetrics
+
+log = logging.getLogger("cachefs.worker")
+
+
+class FuseMount:
+    """One mount of ``fs`` at ``mountpoint``; ``no_open`` and ``fast_read`` as the settings
+    say (None: decided from the pyfuse3 that is installed)."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        cache: BlockCache,
+        metrics: WorkerMetrics,
+        *,
+        mountpoint: str,
+        allow_other: bool,
+        entry_timeout: float,
+        attr_timeout: float,
+        no_open: bool | None,
+        fast_read: bool | None,
+        max_tasks: int,
+    ) -> None:
+        self._fs = fs
+        self._cache = cache
+        self._metrics = metrics
+        self.mountpoint = mountpoint
+        self._allow_other = allow_other
+        self._entry_timeout = entry_timeout
+        self._attr_timeout = attr_timeout
+        self._want_no_open = no_open
+        self._want_fast_read = fast_read
+        self._max_tasks = max_tasks
+        self.mounted = False
+        self.no_open = False  # as decided when mounted
+
+    def mount(self) -> None:
+        """Mount (a ConfigError if the kernel refuses), with the native READ path when it
+        serves."""
+        ops = fuse_ops.FuseOperations(
+            self._fs,
+            self._metrics,
+            entry_timeout=self._entry_timeout,
+            attr_timeout=self._attr_timeout,
+            no_open=self._want_no_open,
+        )
+        self.no_open = ops.no_open
+        table = fuse_ops.native_read_table(self._want_fast_read, ops.no_open)
+        if table is not None:
+            self._fs.native = NativeReads(table, self._cache, self._fs.reader)
+            ops.use_native_table(table)
+            self._metrics.native_reads = self._fs.native.stats
+        try:
+            fuse_ops.mount(
+                ops, self.mountpoint, fuse_ops.mount_options(allow_other=self._allow_other)
+            )
+        except RuntimeError as exc:  # pyfuse3's only word for it; libfuse logs the reason
+            raise ConfigError(f"cannot mount {self.mountpoint}: {exc}") from None
+        self.mounted = True
+
+    async def serve(self) -> None:
+        """Answer the kernel's requests until :meth:`terminate` (or an unmount from outside)."""
+        await fuse_ops.serve(self._max_tasks)
+
+    def terminate(self) -> None:
+        fuse_ops.terminate()
+
+    def unmount(self) -> None:
+        fuse_ops.unmount()
+        native = self._fs.native
+        if native is not None:
+            self._metrics.native_reads = native.stats().copy  # keep the last counts
+            native.close()
+            self._fs.native = None
+        self.mounted = False
+
+    async def set_readahead(self, mount_path: str, kib: int) -> None:
+        """The mount's kernel readahead. The kernel applies the INIT reply's limit when the
+        FUSE loop answers INIT (always the first request); a stat() served by the loop proves
+        that happened, so our setting is not overwritten. ``mount_path``: the mountpoint,
+        resolved before it became a FUSE mount."""
+        await trio.to_thread.run_sync(os.stat, mount_path)
+        set_readahead(mount_path, kib)
+
+    # --- the kernel's caches: what a refresh or a removal changed ---------------------------
+
+    async def forget_inode(self, ino: int) -> None:
+        """The kernel drops the inode's cached pages and attributes (its listing, for a
+        directory)."""
+        await self._forget(partial(fuse_ops.invalidate_inode, ino))
+
+    async def forget_entry(self, parent: int, name: bytes) -> None:
+        """The kernel drops its cached lookup of ``name`` in ``parent``."""
+        await self._forget(partial(fuse_ops.invalidate_entry, parent, name))
+
+    async def forget_inodes(self, inodes: list[int]) -> None:
+        """:meth:`forget_inode` of each, in one thread call."""
+        if not self.mounted or not inodes:
+            return
+
+        def forget_all() -> None:
+            for ino in inodes:
+                try:
+                    fuse_ops.invalidate_inode(ino)
+                except OSError as exc:
+                    _unless_not_cached(exc)
+
+        await trio.to_thread.run_sync(forget_all)
+
+    async def _forget(self, call: Callable[[], None]) -> None:
+        if not self.mounted:
+            return
+        try:
+            await trio.to_thread.run_sync(call)
+        except OSError as exc:
+            _unless_not_cached(exc)
+
+
+def _unless_not_cached(exc: OSError) -> None:
+    """An invalidation of what the kernel has not cached fails with ENOENT (ENOTDIR): nothing
+    to forget. Any other failure is logged."""
+    if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+        log.warning("kernel cache invalidation failed: %s", exc)
+
+
+def set_readahead(mount_path: str, kib: int) -> None:
+    """Set the mount's readahead through its backing-device entry in sysfs (root only).
+
+    ``mount_path`` must be already resolved, and the device number comes from
+    /proc/self/mountinfo: any stat() of the mount would wait for a GETATTR reply that this
+    thread, not yet serving FUSE, could never send."""
+    device = None
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split()
+            if fields[4] == mount_path:
+                device = fields[2]  # "major:minor"; the last match is the newest mount
+    if device is None:
+        log.warning("readahead not set: %s not found in /proc/self/mountinfo", mount_path)
+        return
+    path = f"/sys/class/bdi/{device}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(kib))
+    except OSError as exc:
+        log.warning("could not set readahead of %s to %d KiB: %s", mount_path, kib, exc)
