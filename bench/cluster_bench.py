@@ -41,7 +41,6 @@ import random
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -58,7 +57,6 @@ from bench.read_bench import (
     MotoProcess,
     describe_machine,
     drop_page_cache,
-    free_port,
     lock_workdir,
     read_whole_file,
     run_and_report,
@@ -68,6 +66,8 @@ from bench.read_bench import (
 )
 from cachefs.cache.base import shard_of
 from cachefs.protocol import DEFAULT_BLOCK_SIZE, shard_owner
+from harness import processes
+from harness.processes import REPO_ROOT, free_port
 
 DATASET_NAME = "imagenet"
 BUCKET = "cachefs-cluster-bench"
@@ -462,130 +462,54 @@ def raw_get(
 # --- the cluster ------------------------------------------------------------------------------
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The checkout's root (git_head() runs git there; the suite runs this bench from there).
+REPO = REPO_ROOT
 
 
-def _child_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {**os.environ, **extra}
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def read_log_tail(path: str, chars: int = 4000) -> str:
-    """The last ``chars`` characters of a child's log ("" before it exists)."""
-    try:
-        with open(path, errors="replace") as log:
-            return log.read()[-chars:]
-    except FileNotFoundError:
-        return ""
-
-
-class Child:
-    """A subprocess in its own session (a Ctrl-C reaches the bench first, which stops it)."""
-
-    def __init__(self, argv: list[str], log_path: str, env: dict[str, str]):
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return read_log_tail(self.log_path, chars)
-
-    def terminate(self, timeout: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL of its process group (its own children: fetcher processes)."""
-        if self.alive():
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill_group()
-        self.kill_group()  # leftovers of our own child's group, if any
-
-    def kill_group(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if self.process.poll() is None:
-            self.process.wait(timeout=10)
-
-
-class Node:
-    """A ``cachefs worker`` on its own loopback address, state dir, RAM-tier dir and mount."""
+class Node(processes.WorkerProcess):
+    """A ``cachefs worker`` on its own loopback address, state dir, RAM-tier dir and mount,
+    launched at construction (Cluster.start waits for all of them together)."""
 
     def __init__(self, workdir: str, index: int, coordinator_url: str, ram: str, env, args):
-        from cachefs.client import ControlClient
-
         self.name = f"n{index}"
         self.host = f"127.0.0.{index + 1}"
-        self.address = f"{self.host}:{free_port_on(self.host)}"
-        self.state = os.path.join(workdir, f"w{index}")
-        self.mount = os.path.join(workdir, f"m{index}")
-        self.ram_dir = f"/dev/shm/cachefs-bench-{os.getpid()}-{self.name}"
+        self.address = f"{self.host}:{free_port(self.host)}"
+        super().__init__(
+            workdir,
+            command=(
+                "worker", "--coordinator", coordinator_url, "--node", self.name,
+                "--listen", self.address,
+            ),
+            ram=ram,
+            ram_dir=f"/dev/shm/cachefs-bench-{os.getpid()}-{self.name}",
+            extra_args=(
+                "--heartbeat-interval", HEARTBEAT,
+                "--preload-processes", str(args.preload_processes),
+                *shlex.split(args.worker_args),
+            ),
+            env=env,
+            log_level="INFO",
+            own_process_group=True,  # its group holds its fetcher processes
+            state=os.path.join(workdir, f"w{index}"),
+            mount=os.path.join(workdir, f"m{index}"),
+            log_path=os.path.join(workdir, f"worker-{self.name}.log"),
+        )  # fmt: skip
         os.makedirs(self.mount, exist_ok=True)
-        argv = [
-            sys.executable, "-m", "cachefs", "--state", self.state, "--log-level", "INFO",
-            "worker", "--coordinator", coordinator_url, "--node", self.name,
-            "--listen", self.address, "--mount", self.mount, "--ram", ram,
-            "--ram-dir", self.ram_dir, "--metrics", "off",
-            "--heartbeat-interval", HEARTBEAT, "--preload-processes", str(args.preload_processes),
-            *shlex.split(args.worker_args),
-        ]  # fmt: skip
-        self.argv = argv
-        self.client = ControlClient(self.state, timeout=120)
-        self.child = Child(argv, os.path.join(workdir, f"worker-{self.name}.log"), env)
+        self.launch()
+        assert self.proc is not None
+        #: The worker's process, kept after stop() (its pid is its process group's).
+        self.process = self.proc
 
     def wait_mounted(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.check_alive()
-            if self.client.is_running() and os.path.ismount(self.mount):
-                return
-            time.sleep(0.1)
-        raise BenchmarkFailure(f"worker {self.name} did not mount in {timeout}s:\n{self.log()}")
+        try:
+            self.wait_serving(timeout)
+        except processes.ProcessFailure as exc:
+            raise BenchmarkFailure(f"worker {self.name}: {exc}") from None
 
     def check_alive(self) -> None:
-        if not self.child.alive():
-            raise BenchmarkFailure(
-                f"worker {self.name} exited with {self.child.process.returncode}:\n{self.log()}"
-            )
-
-    def log(self) -> str:
-        return self.child.log_tail()
-
-    def status(self) -> dict:
-        return self.client.status()
-
-    def stop(self) -> None:
-        if self.child.alive():
-            try:
-                self.client.shutdown()
-                self.child.process.wait(timeout=30)
-            except Exception:  # no answer, or still running: SIGTERM then SIGKILL
-                pass
-        self.child.terminate()
-        if os.path.ismount(self.mount):
-            subprocess.run(["umount", "-l", self.mount], capture_output=True, check=False)
-        self.client.close()
-        shutil.rmtree(self.ram_dir, ignore_errors=True)
-
-
-def free_port_on(host: str) -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
+        if not self.alive():
+            code = self.proc.returncode if self.proc is not None else "stopped"
+            raise BenchmarkFailure(f"worker {self.name} exited with {code}:\n{self.log()}")
 
 
 class Cluster:
@@ -596,26 +520,29 @@ class Cluster:
         self.args = args
         self.ram = ram
         self.token = secrets.token_urlsafe(24)
-        self.env = _child_env({**MOTO_ENV, "CACHEFS_TOKEN": self.token})
-        self.coordinator: Child | None = None
+        self.env = {**MOTO_ENV, "CACHEFS_TOKEN": self.token}
+        self.coordinator: processes.CoordinatorProcess | None = None
         self.nodes: list[Node] = []
         self.url = ""
         self.client = None
         self.moto_pgid: int | None = None
 
     def start(self) -> None:
-        from cachefs.client import CoordinatorClient
-
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        argv = [
-            sys.executable, "-m", "cachefs", "--log-level", "INFO", "coordinator",
-            "--state", os.path.join(self.workdir, "coord"), "--listen", f"127.0.0.1:{port}",
-            "--heartbeat-interval", HEARTBEAT,
-        ]  # fmt: skip
-        self.coordinator = Child(argv, os.path.join(self.workdir, "coordinator.log"), self.env)
-        self.client = CoordinatorClient(self.url, self.token, timeout=30)
-        self._wait(lambda: self.client.health() is not None, "the coordinator", 60)
+        self.coordinator = processes.CoordinatorProcess(
+            self.workdir,
+            token=self.token,
+            extra_args=("--heartbeat-interval", HEARTBEAT),
+            env=self.env,
+            log_level="INFO",
+            own_process_group=True,
+            state=os.path.join(self.workdir, "coord"),
+        )
+        self.url = self.coordinator.url
+        self.client = self.coordinator.client
+        try:
+            self.coordinator.start(timeout=60)
+        except processes.ProcessFailure as exc:
+            raise BenchmarkFailure(str(exc)) from None
         for index in range(1, self.args.nodes + 1):
             self.nodes.append(Node(self.workdir, index, self.url, self.ram, self.env, self.args))
         for node in self.nodes:
@@ -637,16 +564,16 @@ class Cluster:
     def process_groups(self) -> dict[str, int]:
         """name → process group of the cluster's processes (each started in its own session;
         a worker's group holds its fetcher processes), plus moto's."""
-        groups = {f"worker_{n.name}": n.child.process.pid for n in self.nodes}
-        if self.coordinator is not None:
-            groups["coordinator"] = self.coordinator.process.pid
+        groups = {f"worker_{n.name}": n.process.pid for n in self.nodes}
+        if self.coordinator is not None and self.coordinator.proc is not None:
+            groups["coordinator"] = self.coordinator.proc.pid
         if self.moto_pgid:
             groups["moto"] = self.moto_pgid
         return groups
 
     def check_alive(self) -> None:
         if self.coordinator is not None and not self.coordinator.alive():
-            raise BenchmarkFailure(f"the coordinator exited:\n{self.coordinator.log_tail()}")
+            raise BenchmarkFailure(f"the coordinator exited:\n{self.coordinator.log()}")
         for node in self.nodes:
             node.check_alive()
 
@@ -664,21 +591,19 @@ class Cluster:
         raise BenchmarkFailure(f"timed out after {timeout}s waiting for {what}{last_error}")
 
     def log_tails(self) -> str:
-        parts = [f"--- {n.name} ({n.child.log_path})\n{n.log()}" for n in self.nodes]
+        parts = [f"--- {n.name} ({n.log_path})\n{n.log()}" for n in self.nodes]
         if self.coordinator:
-            parts.append(f"--- coordinator\n{self.coordinator.log_tail()}")
+            parts.append(f"--- coordinator\n{self.coordinator.log()}")
         return "\n".join(parts)
 
     def stop(self) -> None:
         for node in self.nodes:
             try:
-                node.stop()
+                node.cleanup()  # its process group, mount and RAM-tier directory
             except Exception as exc:  # keep stopping the others
                 print(f"cluster_bench: stopping {node.name}: {exc}", file=sys.stderr)
         if self.coordinator is not None:
-            self.coordinator.terminate()
-        if self.client is not None:
-            self.client.close()
+            self.coordinator.cleanup()  # its process group and its client
 
 
 # --- the benchmark ----------------------------------------------------------------------------
@@ -718,7 +643,7 @@ def measure_preload(cluster: Cluster, setup: Setup, timeout: float) -> dict:
         over = job["state"] not in ("running", "scheduled")
         if over or not timeline or now - began - timeline[-1]["s"] >= 1.0:
             fetched = {n.name: fetched_blocks(n) for n in cluster.nodes}
-            helpers = helper_processes({n.name: n.child.process.pid for n in cluster.nodes})
+            helpers = helper_processes({n.name: n.process.pid for n in cluster.nodes})
             timeline.append(
                 {
                     "s": round(now - began, 2),
@@ -828,7 +753,7 @@ def read_phase(cluster: Cluster, setup: Setup, owned: dict[str, list[int]], read
     """Per node in turn: local, peer and all files through its mount, page cache dropped
     before every pass."""
     in_order = {i: rank for rank, i in enumerate(setup.order)}
-    groups = {f"worker_{n.name}": n.child.process.pid for n in cluster.nodes}
+    groups = {f"worker_{n.name}": n.process.pid for n in cluster.nodes}
     results = []
     for node in cluster.nodes:
         paths = [os.path.join(node.mount, DATASET_NAME, key) for key in setup.keys]

@@ -38,7 +38,6 @@ import random
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -59,6 +58,9 @@ from bench.datagen import (
     write_local,
 )
 from cachefs.pidlock import LockHeld, take_pid_lock
+from harness import processes
+from harness.processes import drop_page_cache as drop_page_cache  # the benches import it here
+from harness.processes import free_port as free_port
 
 DATASET_NAME = "imagenet"
 BUCKET = "cachefs-read-bench"
@@ -200,13 +202,6 @@ def wait_for_quiet_cpu(threshold: float, max_wait_s: float) -> float:
         busy = cpu_busy_fraction()
         if busy <= threshold or time.monotonic() >= deadline:
             return busy
-
-
-def drop_page_cache() -> None:
-    """Drop clean pages, dentries and inodes, so the next reads reach the filesystem (root)."""
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as control:
-        control.write("3\n")
 
 
 # --- results --------------------------------------------------------------------------------
@@ -570,12 +565,6 @@ def describe_machine() -> dict:
 # --- the moto server and the worker ---------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class MotoProcess:
     """``python -m moto.server`` on 127.0.0.1, started and stopped by the bench."""
 
@@ -631,8 +620,9 @@ class MotoProcess:
         self._log.close()
 
 
-class WorkerProcess:
-    """``python -m cachefs up`` with its own state dir, RAM-tier dir and mount."""
+class WorkerProcess(processes.WorkerProcess):
+    """``python -m cachefs up`` with its own state dir (emptied: a cold cache every run),
+    RAM-tier dir and mount, in its own session; started at construction."""
 
     def __init__(
         self,
@@ -643,70 +633,34 @@ class WorkerProcess:
         extra_args: Sequence[str] = (),
         ram_dir: str | None = None,
     ):
-        from cachefs.client import ControlClient  # only the worker part of the bench needs it
-
-        self.state = os.path.join(workdir, "state")
-        self.mount = os.path.join(workdir, "mnt")
-        # Two workers of one bench process need two RAM-tier directories (``ram_dir``).
-        self.ram_dir = ram_dir or f"/dev/shm/cachefs-read-bench-{os.getpid()}"
-        self.log_path = os.path.join(workdir, "worker.log")
+        super().__init__(
+            workdir,
+            ram=ram,
+            # Two workers of one bench process need two RAM-tier directories (``ram_dir``).
+            ram_dir=ram_dir or f"/dev/shm/cachefs-read-bench-{os.getpid()}",
+            extra_args=extra_args,
+            env=env,
+            log_level="WARNING",
+            own_process_group=True,
+            client_timeout=600,
+        )
         if os.path.ismount(self.mount):
             raise BenchmarkFailure(f"{self.mount} is already mounted (another worker?)")
         shutil.rmtree(self.state, ignore_errors=True)  # a cold cache every run
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        child_env = {**os.environ, **env}
-        child_env["PYTHONPATH"] = repo + os.pathsep + child_env.get("PYTHONPATH", "")
-        log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cachefs",
-                "--state",
-                self.state,
-                "--log-level",
-                "WARNING",
-                "up",
-                "--mount",
-                self.mount,
-                "--ram",
-                ram,
-                "--ram-dir",
-                self.ram_dir,
-                "--metrics",
-                "off",
-                *extra_args,
-            ],
-            env=child_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        self.client = ControlClient(self.state, timeout=600)
         try:
-            self._wait_mounted(timeout=60)
-        except BaseException:
+            self.start(timeout=60)
+        except processes.ProcessFailure as exc:
             self.stop()  # no half-started worker or RAM-tier directory left behind
+            raise BenchmarkFailure(f"the cachefs worker: {exc}") from None
+        except BaseException:
+            self.stop()
             raise
-
-    def _wait_mounted(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BenchmarkFailure(
-                    f"the cachefs worker exited with {self.process.returncode}:\n{self.log_tail()}"
-                )
-            if self.client.is_running() and os.path.ismount(self.mount):
-                return
-            time.sleep(0.1)
-        raise BenchmarkFailure(
-            f"the cachefs worker did not mount in {timeout}s:\n{self.log_tail()}"
-        )
+        assert self.proc is not None
+        #: The worker's process, kept after stop() (its pid names its CPU time and syscalls).
+        self.process = self.proc
 
     def log_tail(self) -> str:
-        with open(self.log_path, errors="replace") as log:
-            return log.read()[-4000:]
+        return self.log()
 
     def counters(self) -> dict[str, int]:
         """Cumulative read counters of the worker (for per-pass deltas)."""
@@ -735,19 +689,9 @@ class WorkerProcess:
         if self.process.poll() is not None or not os.path.ismount(self.mount):
             raise BenchmarkFailure(f"the cachefs worker died during a pass:\n{self.log_tail()}")
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                self.client.shutdown()
-            except Exception:  # it may close the connection while answering: wait and see
-                pass
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        if os.path.ismount(self.mount):
-            subprocess.run(["umount", "-l", self.mount], capture_output=True, check=False)
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop it, unmount, remove its RAM-tier directory: the end of a run."""
+        super().stop(timeout)
         self.client.close()
         shutil.rmtree(self.ram_dir, ignore_errors=True)
 

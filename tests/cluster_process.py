@@ -7,24 +7,22 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
-import time
-
-import httpx
 
 from cachefs.client import CoordinatorClient
-from tests.fakes.moto import free_port
+from harness import processes
+from harness.processes import free_port
 from tests.waiting import WAIT_S, wait_for
-from tests.worker_process import GENEROUS_STORE_BUDGET, REPO_ROOT, WorkerProcess, log_tail
+from tests.worker_process import GENEROUS_STORE_BUDGET, WorkerProcess
 
 TOKEN = "test-token-0123456789"
 HEARTBEAT = "0.3s"
 DOWN_AFTER = "1.5s"
 
 
-class CoordinatorProcess:
+class CoordinatorProcess(processes.CoordinatorProcess):
+    """A coordinator with the tests' token, quick heartbeats and down-after, starts bounded by
+    WAIT_S."""
+
     def __init__(
         self,
         base_dir: str,
@@ -33,63 +31,20 @@ class CoordinatorProcess:
         env: dict | None = None,
         extra_args: tuple[str, ...] = (),
     ):
-        self.base_dir = base_dir
-        self.extra_args = extra_args
-        self.state = os.path.join(base_dir, "coordinator")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.store = store
-        self.env = {**os.environ, **(env or {}), "CACHEFS_TOKEN": TOKEN}
-        self.env["PYTHONPATH"] = REPO_ROOT + os.pathsep + self.env.get("PYTHONPATH", "")
-        self.proc: subprocess.Popen | None = None
-        self.log_path = os.path.join(base_dir, "coordinator.log")
-        self.client = CoordinatorClient(self.url, TOKEN, timeout=30)
+        super().__init__(
+            base_dir,
+            token=TOKEN,
+            store=store,
+            env=env,
+            extra_args=(
+                *("--heartbeat-interval", HEARTBEAT, "--down-after", DOWN_AFTER),
+                *extra_args,
+            ),
+        )
 
     def start(self, timeout: float = WAIT_S) -> CoordinatorProcess:
-        os.makedirs(self.base_dir, exist_ok=True)
-        args = [
-            sys.executable, "-m", "cachefs", "coordinator", "--state", self.state,
-            "--listen", f"127.0.0.1:{self.port}",
-            "--heartbeat-interval", HEARTBEAT, "--down-after", DOWN_AFTER,
-        ]  # fmt: skip
-        if self.store:
-            args += ["--store", self.store]
-        args += self.extra_args
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"coordinator exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"coordinator did not come up in {timeout}s:\n{self.log()}")
-
-    def log(self) -> str:
-        return log_tail(self.log_path)
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-        self.proc = None
-
-    def cleanup(self) -> None:
-        self.stop()
-        self.client.close()
+        super().start(timeout)
+        return self
 
 
 class ClusterWorker(WorkerProcess):

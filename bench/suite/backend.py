@@ -12,9 +12,10 @@ import os
 import sys
 import time
 
-from bench.cluster_bench import Child, _child_env, s3_client
+from bench.cluster_bench import s3_client
 from bench.delay_proxy import fetch_stats, stats_delta
-from bench.read_bench import BenchmarkFailure, MotoProcess, free_port
+from bench.read_bench import BenchmarkFailure, MotoProcess
+from harness.processes import ChildProcess, child_env, free_port
 
 BUCKET = "cachefs-bench"
 
@@ -32,7 +33,7 @@ class ProxyProcess:
             "--first-byte-ms", str(delay_ms), "--bandwidth", str(bandwidth),
             "--listen", f"127.0.0.1:{port}",
         ]  # fmt: skip
-        self.child = Child(argv, log_path, _child_env({}))
+        self.child = ChildProcess(argv, log_path, child_env())
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -11,7 +11,7 @@ is there, for the report.
         data = open(os.path.join(mount.root, "small/train/n01/x.JPEG"), "rb").read()
         mount.drop_cache()  # next reads are cold (the caller drops the page cache too)
 
-Each mount runs in the foreground in its own session (``bench.cluster_bench.Child``), so the
+Each mount runs in the foreground in its own session (``harness.processes.ChildProcess``), so the
 bench owns its process and its pid, and its log goes to ``<workdir>/<name>.log``. Credentials
 never appear on a command line: s3fs reads a mode-600 ``passwd_file`` in the work dir (removed
 by ``stop()``), rclone's remote is configured through ``RCLONE_CONFIG_<NAME>_*`` variables.
@@ -34,8 +34,8 @@ import threading
 import time
 from collections.abc import Mapping
 
-from bench.cluster_bench import Child, read_log_tail
 from bench.read_bench import MOTO_ENV, BenchmarkFailure
+from harness.processes import ChildProcess, log_tail
 
 #: How long start() waits for the mount to appear and its root to list.
 MOUNT_TIMEOUT_S = 60.0
@@ -152,7 +152,7 @@ class PeerMount:
         self.root = os.path.join(self.workdir, "mnt")
         self.cache_dir = os.path.join(self.workdir, "cache")
         self.log_path = os.path.join(self.workdir, f"{self.name}.log")
-        self._child: Child | None = None
+        self._child: ChildProcess | None = None
 
     # --- what each peer defines ------------------------------------------------------------
 
@@ -195,7 +195,7 @@ class PeerMount:
         os.makedirs(self.root, exist_ok=True)
         os.makedirs(self.cache_dir, exist_ok=True)
         self._write_config()
-        self._child = Child(self.argv(), self.log_path, self.child_env())
+        self._child = ChildProcess(self.argv(), self.log_path, self.child_env())
         try:
             problem = self._wait_mounted()
         except BaseException:
@@ -225,7 +225,7 @@ class PeerMount:
         return f"{problem} (waited {MOUNT_TIMEOUT_S:.0f}s)"
 
     def log_tail(self, chars: int = 4000) -> str:
-        return read_log_tail(self.log_path, chars)
+        return log_tail(self.log_path, chars)
 
     def drop_cache(self) -> None:
         """Make the next reads cold: unmount, empty the disk cache, mount again (the in-memory

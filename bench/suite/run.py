@@ -380,7 +380,7 @@ def metadata_workload(ctx: Context) -> dict:
     add), then the smaller S3 namespace on every mounted path."""
     p = ctx.preset
     node = ctx.cluster.nodes[0]
-    worker_pid = node.child.process.pid
+    worker_pid = node.process.pid
     out: dict = {"entries": p.meta_entries, "peer_entries": p.meta_peer_entries}
     big_root = os.path.join(ctx.local_root, METABIG)
     expected = metadata.expected_counts(p.meta_entries)

@@ -5,21 +5,15 @@ control socket."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
+from harness.processes import free_port
 from tests.waiting import WAIT_S
 from tests.worker_process import REPO_ROOT, WorkerProcess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_placement_uses_the_workers_live_cached_bytes(tmp_path):

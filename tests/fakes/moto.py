@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from harness.processes import free_port  # tests import it from here too
+
 #: Credentials and region every test process (and its children) uses with moto. moto accepts any
 #: credentials by default; these are fixed so that child processes can be given the same ones.
 TEST_CREDENTIALS = {
@@ -45,13 +46,6 @@ TEST_CREDENTIALS = {
 
 _START_TIMEOUT_S = 60.0
 _bucket_numbers = itertools.count(1)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 class MotoServer:
