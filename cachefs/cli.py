@@ -44,7 +44,7 @@ from coordinator.settings import options as coordinator_options
 log = logging.getLogger(__name__)
 
 
-def cmd_coordinator(args) -> int:
+def cmd_coordinator(args: argparse.Namespace) -> int:
     import trio
 
     from coordinator.server import serve

@@ -34,7 +34,7 @@ from cachefs.errors import (
     StoreError,
 )
 from cachefs.fs.core import MOUNT_ROOT, SLOT_SHIFT, Attr, FileSystem
-from cachefs.fs.native_reads import NATIVE_LISTING_BYTES, NativeReadTable
+from cachefs.fs.native_reads import NATIVE_LISTING_BYTES
 from cachefs.metrics import WorkerMetrics
 
 log = logging.getLogger("cachefs.fuse")
@@ -429,7 +429,7 @@ def check_fast_read_possible(no_open: bool | None) -> None:
         raise ConfigError("--fuse-fast-read on needs no-open mode (--fuse-no-open on)")
 
 
-def native_read_table(wanted: bool | None, no_open: bool) -> NativeReadTable | None:
+def native_read_table(wanted: bool | None, no_open: bool) -> _PyfuseNativeReadTable | None:
     """The binding's fast-read table when READs of cached blocks are to be answered in C;
     None when they are not (``wanted`` False, or None and the binding or mode lacks it: said
     once in the log). ``wanted`` True and not possible: ConfigError."""
