@@ -90,7 +90,11 @@ class Cluster:
         ram: str = "256MiB",
         ram_reserve: str = "0",
         coordinator_args: tuple[str, ...] = (),
+        peer_timeout: str = "1s",
     ):
+        """``peer_timeout``: short by default, so that tests of dead peers are quick; a test
+        that counts store GETs exactly passes a generous one (a peer answer slower than the
+        timeout on a loaded machine is read from the store again, as it should be)."""
         self.base_dir = base_dir
         self.coordinator = CoordinatorProcess(
             base_dir, store=store, env=env, extra_args=coordinator_args
@@ -104,6 +108,7 @@ class Cluster:
                 env=env,
                 ram=ram,
                 ram_reserve=ram_reserve,
+                peer_timeout=peer_timeout,
             )
             for i in range(1, nodes + 1)
         ]

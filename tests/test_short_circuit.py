@@ -265,7 +265,8 @@ def test_cluster_prefetch_goes_through_the_owner_and_caches_each_block_once(
     bucket = moto_s3.make_bucket()
     for key, data in objects.items():
         moto_s3.put(bucket, f"ds/{key}", data)
-    cluster = Cluster(str(tmp_path / "cluster"), 2).start()
+    # Every block exactly once: no peer answer may time out and be read again from the store.
+    cluster = Cluster(str(tmp_path / "cluster"), 2, peer_timeout="60s").start()
     try:
         cluster.add_dataset("ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK)
         hinting = cluster.workers[0]
