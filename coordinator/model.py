@@ -3,12 +3,15 @@ that guards them and the durable writes that keep them.
 
 Who may change what, and under which lock:
 
-- Everything here is guarded by :attr:`ClusterModel.lock` (one re-entrant lock). Every public
-  method of this model, of :class:`~coordinator.cluster.Cluster`, of
-  :class:`~coordinator.manager.CacheManager` and of the
-  :class:`~coordinator.service.Coordinator` takes it, so a call sees and leaves the state
-  whole; they nest freely. The lock is never held across network I/O other than the store's
-  own.
+- Everything here is guarded by :attr:`ClusterModel.lock` (one re-entrant lock). Every call
+  the API makes takes it (the public methods of :class:`~coordinator.service.Coordinator`, of
+  :class:`~coordinator.cluster.Cluster`, of :class:`~coordinator.manager.CacheManager`, and
+  the entry points of the manager's parts: ``jobs.submit``/``release``/``renew``/``job``/
+  ``list_jobs``, ``fills.scale``, ``journal.list_events``), and so does every change this
+  model makes; the model's reading helpers (``dataset``, ``is_up``, ``copy_nodes``, …) and
+  the parts' other methods run with it held by their caller. Re-entrant, so the calls nest,
+  and a call sees and leaves the state whole. The lock is never held across network I/O
+  other than the store's own.
 - Datasets (their spec, refresh epoch, copies and fills) change through this model's methods
   (:meth:`~ClusterModel.add_dataset`, :meth:`~ClusterModel.update_policy`,
   :meth:`~ClusterModel.refresh_dataset`, :meth:`~ClusterModel.remove_dataset`); the

@@ -79,8 +79,9 @@ class Coordinator:
 
     def tick(self) -> None:
         """Periodic (the server's ticker): preload jobs, then the CacheManager's work."""
-        self.cluster.tick()
-        self.manager.tick()
+        with self.model.lock:
+            self.cluster.tick()
+            self.manager.tick()
 
     # --- datasets ------------------------------------------------------------------------------
 

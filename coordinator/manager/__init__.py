@@ -26,8 +26,9 @@ The CacheManager is its four parts, which the API calls directly (``manager.jobs
 heartbeat's reports, the periodic tick, a dataset's removal, the status documents. It reads and
 changes the :class:`~coordinator.model.ClusterModel` (a dataset's copies and fills, in place,
 written with ``save_dataset``) and keeps its own durable state (``jobs/``, ``tasks/``,
-``events/``) through the model's writes. Every public method of the manager and of its parts
-takes the model's lock. It knows nothing of the :class:`~coordinator.cluster.Cluster`: the
+``events/``) through the model's writes. The manager's public methods and the parts' entry
+points take the model's lock (:mod:`coordinator.model` lists them); the parts' other methods
+run with it held. It knows nothing of the :class:`~coordinator.cluster.Cluster`: the
 :class:`~coordinator.service.Coordinator` calls both.
 """
 
@@ -109,12 +110,12 @@ class CacheManager:
         """The manager's part of ``GET /v1/datasets/{name}``: copies, jobs, freed bytes."""
         with self.model.lock:
             return {
-                "copies": self.copy_docs(dataset),
+                "copies": self._copy_docs(dataset),
                 "jobs": self.jobs.counts(dataset),
                 "freed_bytes": self.journal.freed_bytes_of(dataset),
             }
 
-    def copy_docs(self, dataset: str) -> list[JsonDoc]:
+    def _copy_docs(self, dataset: str) -> list[JsonDoc]:
         per_copy = self.jobs.running_per_copy(dataset)
         docs = []
         for copy_id, copy in self.model.dataset(dataset).copies.items():
@@ -126,7 +127,7 @@ class CacheManager:
                     "created_at": copy.created_at,
                     "running_jobs": per_copy.get(copy_id, 0),
                     "freed_at": copy.freed_at,
-                    "used_ratio": self.used_ratio(dataset, copy_id),
+                    "used_ratio": self._used_ratio(dataset, copy_id),
                     "fill": (
                         self.fills.progress(dataset, copy_id, copy.fill) if copy.fill else None
                     ),
@@ -136,7 +137,7 @@ class CacheManager:
             )
         return docs
 
-    def used_ratio(self, dataset: str, copy_id: str) -> float:
+    def _used_ratio(self, dataset: str, copy_id: str) -> float:
         """Cache used / capacity over the copy's live nodes (the CacheScaler's HPA metric)."""
         nodes = [self.model.nodes[n] for n in self.model.live_copy_nodes(dataset, copy_id)]
         capacity = sum(node.cache_capacity for node in nodes)
