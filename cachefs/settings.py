@@ -1,7 +1,7 @@
 """The worker's settings, each declared once: its default, its help and how it is given on the
 command line. kopf's model: the settings class is the one source; the CLI builds the options of
 `cachefs up` and `cachefs worker` from it (:mod:`cachefs.commands.options`), and the README's
-option tables are checked against it (tests/test_settings_docs.py; ``python -m cachefs.settings
+option tables are checked against it (tests/unit/test_settings_docs.py; ``python -m cachefs.settings
 up`` prints the table).
 
 A default is written as a user would type it ("2GiB", "1h") and parsed once, here, into the

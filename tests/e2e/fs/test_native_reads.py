@@ -1,0 +1,339 @@
+"""The native READ fast path (the patched pyfuse3 answers READs of RAM-tier blocks in C;
+cachefs/fs/native_reads.py keeps its table coherent). Real worker processes and real mounts;
+every byte compared with the source.
+
+Each test runs twice: with the fast path, and with ``--fuse-fast-read off``, which is the read
+path a stock pyfuse3 gives (every READ in Python). On a stock pyfuse3 only the "off" runs run:
+the suite passes there too (``scripts/stock_pyfuse3_check.sh``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
+from tests.e2e.fs.test_no_open import fuse_op_count
+from tests.waiting import WAIT_S, wait_for
+from tests.worker_process import REPO_ROOT, WorkerProcess
+
+#: Two and a half checksum chunks: a block's last chunk is short, and block and chunk
+#: boundaries differ.
+BLOCK = 320 << 10
+SIZES = [0, 1, 4095, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 12_345]
+
+
+def drop_pages_keep_dentries() -> None:
+    """`echo 1 > drop_caches`: file pages go, dentries stay (as after a training job's listing)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("1\n")
+
+
+def read_whole(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def native_stats(worker: WorkerProcess) -> dict:
+    return worker.status()["fuse_fast_read"] or {}
+
+
+def cli_status_text(worker: WorkerProcess) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "cachefs", "--state", worker.state, "status"],
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+
+
+def make_source(root, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(
+            "on",
+            marks=pytest.mark.skipif(
+                not FAST_READ_SUPPORTED,
+                reason="stock pyfuse3: run scripts/setup.sh to build the patched one",
+            ),
+        ),
+        "off",
+    ]
+)
+def fast_read(request):
+    """``--fuse-fast-read``: "off" also runs on a stock pyfuse3 (every READ in Python)."""
+    return request.param
+
+
+def test_reads_of_every_size_are_byte_exact_and_answered_in_c(tmp_path, fast_read):
+    rng = random.Random(16)
+    files = {f"d/size{size}.bin": rng.randbytes(size) for size in SIZES}
+    make_source(tmp_path / "src", files)
+    worker = WorkerProcess(str(tmp_path / "w"), extra_args=("--fuse-fast-read", fast_read)).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}", block_size=BLOCK)
+        for name, data in files.items():  # cold: fetched in Python, admitted to the RAM tier
+            assert read_whole(worker.path("ds", name)) == data
+        drop_pages_keep_dentries()
+        python_reads, before = fuse_op_count(worker, "read"), native_stats(worker)
+        for name, data in files.items():
+            assert read_whole(worker.path("ds", name)) == data
+        drop_pages_keep_dentries()
+        for name, data in files.items():  # single reads at odd offsets: partial chunks
+            with open(worker.path("ds", name), "rb", buffering=0) as f:
+                for _ in range(5):
+                    offset = rng.randrange(0, len(data) + 2)
+                    length = rng.randrange(1, 300_000)
+                    assert os.pread(f.fileno(), length, offset) == data[offset : offset + length]
+        after = native_stats(worker)
+        if fast_read == "on":
+            assert after["reads"] > before["reads"]
+            assert after["corrupt"] == after["vanished"] == 0
+            # Every READ of these cached files was answered in C: none reached Python.
+            assert fuse_op_count(worker, "read") == python_reads
+            assert after["blocks"] == sum(-(-size // BLOCK) for size in SIZES)
+            shown = cli_status_text(worker)
+            assert f"native reads: {after['reads']} READs answered in C" in shown
+            metrics = worker.client.metrics()
+            assert f"cachefs_fuse_fast_reads_total {float(after['reads'])}" in metrics
+        else:
+            assert after == {}  # the status says the path is off
+            assert fuse_op_count(worker, "read") > python_reads
+    finally:
+        worker.cleanup()
+
+
+def test_a_corrupted_block_file_is_dropped_and_refetched_never_served(tmp_path, fast_read):
+    data = random.Random(3).randbytes(2 * BLOCK + 5000)
+    make_source(tmp_path / "src", {"f.bin": data})
+    worker = WorkerProcess(str(tmp_path / "w"), extra_args=("--fuse-fast-read", fast_read)).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}", block_size=BLOCK)
+        path = worker.path("ds", "f.bin")
+        assert read_whole(path) == data
+        block_file = worker.client.resolve("ds", "f.bin")["blocks"][1]["file"]
+        with open(block_file, "r+b") as f:  # one byte of block 1's second chunk, in place
+            f.seek(200_000)
+            byte = f.read(1)
+            f.seek(200_000)
+            f.write(bytes([byte[0] ^ 0x5A]))
+        drop_pages_keep_dentries()
+        assert read_whole(path) == data
+        assert worker.status()["cache"]["corrupt"] == 1  # dropped by Python, then refetched
+        if fast_read == "on":
+            assert native_stats(worker)["corrupt"] == 1  # C saw it first and handed it over
+        drop_pages_keep_dentries()
+        assert read_whole(path) == data  # from the block admitted again
+    finally:
+        worker.cleanup()
+
+
+def test_a_refreshed_file_is_never_served_from_its_old_blocks(tmp_path, fast_read):
+    source = tmp_path / "src"
+    make_source(source, {"changing.bin": b"old!" * 30_000, "stable.bin": b"s" * 70_000})
+    worker = WorkerProcess(str(tmp_path / "w"), extra_args=("--fuse-fast-read", fast_read)).start()
+    try:
+        worker.add_dataset("ds", f"file://{source}", block_size=BLOCK)
+        path = worker.path("ds", "changing.bin")
+        assert read_whole(path) == b"old!" * 30_000
+        drop_pages_keep_dentries()
+        assert read_whole(path) == b"old!" * 30_000  # now from the table, when on
+        (source / "changing.bin").write_bytes(b"NEW." * 40_000)
+        assert worker.client.refresh_dataset("ds")["changed"] == 1
+        drop_pages_keep_dentries()
+        assert read_whole(path) == b"NEW." * 40_000
+        assert read_whole(worker.path("ds", "stable.bin")) == b"s" * 70_000
+    finally:
+        worker.cleanup()
+
+
+def worker_fds(pid: int) -> list[str]:
+    fd_dir = f"/proc/{pid}/fd"
+    targets = []
+    for name in os.listdir(fd_dir):
+        try:
+            targets.append(os.readlink(os.path.join(fd_dir, name)))
+        except FileNotFoundError:
+            pass
+    return targets
+
+
+@pytest.fixture
+def own_tmpfs(tmp_path):
+    """A tmpfs of its own for the RAM tier: its statvfs counts exactly what the tier holds,
+    files open but unlinked included (a ``du`` walk racing with evictions and admissions can
+    count a file twice, and never sees unlinked ones)."""
+    path = tmp_path / "ram"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)], check=True)
+    yield str(path)
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def tmpfs_used(path: str) -> int:
+    stats = os.statvfs(path)
+    return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+
+
+def test_sixteen_readers_through_eviction_refresh_and_removal_get_only_right_bytes(
+    tmp_path, fast_read, own_tmpfs
+):
+    """A 4 MiB RAM tier under LRU admission and ~9 MB of files: blocks are evicted all the
+    time while 16 readers read (page cache dropped in between), one file is refreshed twice,
+    and a second dataset is removed. Every byte a reader gets is the source's; the memory the
+    tier's tmpfs holds never exceeds its capacity; the worker's descriptors stay bounded and
+    none is left on a removed block file."""
+    rng = random.Random(1616)
+    versions = [b"A" * 150_000, b"B" * 170_000, b"C" * 90_000]  # the changing file, in turn
+    main = {f"m/{i}.bin": rng.randbytes(rng.randint(50_000, 200_000)) for i in range(60)}
+    other = {f"o/{i}.bin": rng.randbytes(rng.randint(50_000, 120_000)) for i in range(12)}
+    make_source(tmp_path / "main", {**main, "changing.bin": versions[0]})
+    make_source(tmp_path / "other", other)
+    capacity = 4 << 20
+    worker = WorkerProcess(
+        str(tmp_path / "w"),
+        ram="4MiB",
+        admission="lru",
+        ram_dir=own_tmpfs,
+        extra_args=("--fuse-fast-read", fast_read),
+    ).start()
+    pid = worker.status()["pid"]
+    worker.add_dataset("main", f"file://{tmp_path / 'main'}", block_size=BLOCK)
+    worker.add_dataset("other", f"file://{tmp_path / 'other'}", block_size=BLOCK)
+    wrong: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    reads_done = [0]
+
+    def reader(seed: int) -> None:
+        pick = random.Random(seed)
+        while not stop.is_set():
+            roll = pick.random()
+            if roll < 0.1:
+                name, allowed = "changing.bin", versions
+                path = worker.path("main", name)
+            elif roll < 0.3:
+                name = pick.choice(sorted(other))
+                path, allowed = worker.path("other", name), [other[name]]
+            else:
+                name = pick.choice(sorted(main))
+                path, allowed = worker.path("main", name), [main[name]]
+            try:
+                got = read_whole(path)
+            except OSError as exc:
+                # Expected failures only: the changing file between its rewrite in the source
+                # and the refresh (EIO: the snapshot's version is gone from the store), and the
+                # removed dataset (its files vanish).
+                if not (name == "changing.bin" or "other" in path):
+                    errors.append(f"{path}: {exc}")
+                continue
+            if got not in allowed:
+                wrong.append(f"{path}: {len(got)} bytes, not the source's")
+            reads_done[0] += 1
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(16)]
+    peak_in_tier = peak_fds = 0
+    try:
+        for thread in threads:
+            thread.start()
+
+        def churn(rounds: int) -> None:
+            nonlocal peak_in_tier, peak_fds
+            for _ in range(rounds):
+                target = reads_done[0] + 40
+                wait_for(lambda t=target: reads_done[0] >= t or stop.is_set(), "40 more reads")
+                drop_pages_keep_dentries()
+                peak_in_tier = max(peak_in_tier, tmpfs_used(own_tmpfs))
+                peak_fds = max(peak_fds, len(worker_fds(pid)))
+
+        churn(5)
+        for version in versions[1:]:
+            (tmp_path / "main" / "changing.bin").write_bytes(version)
+            assert worker.client.refresh_dataset("main")["changed"] == 1
+            churn(3)
+        worker.client.remove_dataset("other")
+        churn(5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+        try:
+            assert not wrong, wrong[:5]
+            assert not errors, errors[:5]
+            assert reads_done[0] > 500
+            assert peak_in_tier <= capacity
+            assert peak_fds < 400  # sockets, LMDB, /dev/fuse, the bounded block-file table
+            deleted = [t for t in worker_fds(pid) if "(deleted)" in t and worker.ram_dir in t]
+            assert not deleted
+            stats = native_stats(worker)
+            if fast_read == "on":
+                assert stats["reads"] > 0 and stats["corrupt"] == 0
+            assert worker.status()["cache"]["evicted"] > 0
+        finally:
+            worker.cleanup()
+
+
+@pytest.mark.skipif(FAST_READ_SUPPORTED, reason="checks what a stock pyfuse3 says")
+def test_a_stock_pyfuse3_says_once_that_every_read_is_served_in_python(tmp_path):
+    make_source(tmp_path / "src", {"f.bin": b"x" * 1000})
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}")
+        assert read_whole(worker.path("ds", "f.bin")) == b"x" * 1000
+        assert worker.status()["fuse_fast_read"] is None
+        assert worker.log().count("every READ is served in Python") == 1
+    finally:
+        worker.cleanup()
+
+
+@pytest.mark.skipif(not FAST_READ_SUPPORTED, reason="needs the patched pyfuse3 (scripts/setup.sh)")
+def test_block_files_stay_open_between_reads_within_a_bound_and_close_before_removal(tmp_path):
+    """The native path keeps block files open for their next READs, at most a quarter of the
+    worker's fd limit of them (here lowered to 256 before the first READ: 64), and closes
+    them before the cache removes the files (no descriptor of a removed block survives)."""
+    files = {f"f{i:03d}.bin": bytes([i]) * 9000 for i in range(100)}
+    make_source(tmp_path / "src", files)
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    try:
+        pid = worker.status()["pid"]
+        _soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (256, hard))
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}")
+        paths = {name: worker.path("ds", name) for name in files}
+        for name, path in paths.items():  # first reads: Python, which fills the RAM tier
+            assert read_whole(path) == files[name]
+        drop_pages_keep_dentries()
+        for name, path in paths.items():  # now answered in C, each opening its block file
+            assert read_whole(path) == files[name]
+        stats = native_stats(worker)
+        assert stats["reads"] >= len(files)
+        assert 0 < stats["open_files"] <= 64
+        in_tier = [t for t in worker_fds(pid) if worker.ram_dir in t]
+        assert len(in_tier) == stats["open_files"]
+
+        worker.client.remove_dataset("ds")
+        assert native_stats(worker)["open_files"] == 0
+        assert not [t for t in worker_fds(pid) if worker.ram_dir in t]
+    finally:
+        worker.cleanup()
