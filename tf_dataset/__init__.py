@@ -8,9 +8,9 @@ cached on this node, prefetch hints for the rest.
 
 Modules: ``order`` (epoch order, pure), ``reader`` (the short-circuit reader and the Python
 reference of the read kernel; no TensorFlow), ``native`` (the C++ read kernels and their build:
-``python -m tf_dataset.native``), ``pipeline`` (the tf.data glue; imported only when
-:func:`dataset` or :func:`tfrecord_dataset` is first used, so the rest works without
-TensorFlow).
+``python -m tf_dataset.native``), ``pipeline`` and ``records`` (the tf.data glue for files
+and for TFRecord shards; imported only when :func:`dataset` or :func:`tfrecord_dataset` is
+first used, so the rest works without TensorFlow).
 
 Talks to the worker only through ``cachefs.client`` (import-linter enforces it).
 """
@@ -48,7 +48,7 @@ def dataset(name: str, files: Any, **options: Any):
 
 def tfrecord_dataset(name: str, files: Any, **options: Any):
     """A ``tf.data.Dataset`` of TFRecord records; see
-    :func:`tf_dataset.pipeline.tfrecord_dataset`."""
-    from tf_dataset.pipeline import tfrecord_dataset as make_records
+    :func:`tf_dataset.records.tfrecord_dataset`."""
+    from tf_dataset.records import tfrecord_dataset as make_records
 
     return make_records(name, files, **options)
