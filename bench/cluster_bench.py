@@ -85,7 +85,7 @@ PASS_TITLES = {
 }
 
 
-# --- pure helpers (tested in tests/bench/test_cluster_bench.py) -------------------------------
+# --- pure helpers (tested in tests/unit/bench/test_cluster_bench.py) ---------------------------
 
 
 def classify_by_owner(

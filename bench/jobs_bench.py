@@ -112,7 +112,7 @@ CONFIG_SPECS = {
 }
 
 
-# --- the trace (pure; tested in tests/bench/test_jobs_bench.py) --------------------------------
+# --- the trace (pure; tested in tests/unit/bench/test_jobs_bench.py) ---------------------------
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def open_store(config: StoreConfig) -> ObjectStore:
                 raise
             raise ConfigError(
                 f"{config.uri!r} is an OSS source, which needs the oss2 package: "
-                "pip install cachefs[oss]"
+                "pip install 'cachefs-dl[oss]' (the extra of this distribution)"
             ) from None
         return OSSStore(config)
     from cachefs.store.local import LocalStore

@@ -1,4 +1,4 @@
-"""Alibaba Cloud OSS object store, on oss2 (an optional dependency: ``pip install cachefs[oss]``).
+"""Alibaba Cloud OSS object store, on oss2 (optional: ``pip install cachefs-dl[oss]``).
 
 Like the S3 store: our retry loops are the only ones (oss2's iterators, which retry on their
 own, are not used — pages are fetched with ``list_objects_v2`` directly), reads are hedged and

@@ -6,10 +6,11 @@ several milliseconds of CPU for a 110 KB GET (``python -m bench.store_fetch_rate
 boto3 the limit of a preload on a small machine. :class:`S3BulkReader` sends the same GET
 itself: signed by :class:`~cachefs.store.sigv4.GetSigner` (SigV4 with the key's path signed as
 sent, without path normalisation, as botocore's ``S3SigV4Auth`` does; checked against it in
-tests/store/test_sigv4.py), over keep-alive connections of :class:`~cachefs.store.http1.Http1Pool`
-(one sendall per request, the body received straight into its buffer: urllib3 and http.client
-cost ~0.5 ms of CPU per GET, botocore's signer ~0.2 ms). It only reads ranges; listings, HEADs
-and everything else stay on :class:`~cachefs.store.s3.S3Store` (boto3).
+tests/unit/store/test_sigv4.py), over keep-alive connections of
+:class:`~cachefs.store.http1.Http1Pool` (one sendall per request, the body received straight
+into its buffer: urllib3 and http.client cost ~0.5 ms of CPU per GET, botocore's signer
+~0.2 ms). It only reads ranges; listings, HEADs and everything else stay on
+:class:`~cachefs.store.s3.S3Store` (boto3).
 
 What it shares with S3Store, so that both behave alike:
 

@@ -11,7 +11,7 @@ headers it signs (S3 requires these); ``Range`` and ``If-Match`` travel unsigned
 The algorithm (the AWS General Reference, "Signature Version 4 signing process"), as S3 wants it:
 the canonical URI is the path exactly as sent (S3 signs the key's percent-encoding as is, with no
 path normalisation, like ``S3SigV4Auth``); the payload hash is that of the empty body.
-tests/store/test_sigv4.py checks the header against botocore's signer for the same request, and
+tests/unit/store/test_sigv4.py checks the header against botocore's signer for the same request, and
 a moto server with authentication on verifies real requests.
 """
 

@@ -38,5 +38,5 @@ def test_oss_without_oss2_installed_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "oss2", None)
     monkeypatch.delitem(sys.modules, "cachefs.store.oss")
 
-    with pytest.raises(ConfigError, match=r"pip install cachefs\[oss\]"):
+    with pytest.raises(ConfigError, match=r"pip install .cachefs-dl\[oss\]."):
         open_store(StoreConfig(uri="oss://bucket/x", endpoint="http://127.0.0.1:9"))
