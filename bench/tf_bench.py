@@ -424,7 +424,7 @@ def reference_of(name: str) -> str:
     return "tmpfs_tfrecord" if "tfrecord" in name else "tmpfs_read_file"
 
 
-#: (pass, what it is) held against its reference: the issue's target is the first (what a
+#: (pass, what it is) held against its reference: the target is the first (what a
 #: training job sees epoch after epoch); the second shows what a new pipeline pays once,
 #: resolving every file; the third is the same target for TFRecord shards.
 TARGET_PASSES = (
@@ -439,7 +439,7 @@ REFERENCE_TITLES = {
 
 
 def targets(passes: list[dict]) -> list[dict]:
-    """The issue's target, reported (never asserted): tf_dataset warm >= 0.9x tf.data on
+    """The target, reported (never asserted): tf_dataset warm >= 0.9x tf.data on
     tmpfs; and the same ratio for the first epoch of a new pipeline, and for TFRecord."""
     found = []
     for name, what in TARGET_PASSES:

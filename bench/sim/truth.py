@@ -11,7 +11,7 @@ the scale of the workloads, not any result's direction.
 
 P3's experiment does not use this catalogue: its truth, :func:`k80_catalogue` below, models the
 paper's Tesla K80 platform with the gradient exchange timed, a form independent of P3's
-predictor (issue 19 item 3).
+predictor.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def profiles(seed: int, noise: float = 0.01) -> dict[str, ModelProfile]:
 # P3 ran on 4 nodes, each with 2 Tesla K80 boards (4 GK210 GPU cores), joined by 56 Gb/s
 # InfiniBand, under TensorFlow 1.7 (the paper, its experimental platform and Table 1). Its
 # predictor is PR = (G − Comm(s))·sPR with sPR a quadratic in the local batch and Comm linear in
-# the peer counts; the truth that scores it must not be that predictor (issue 19 item 3). Here
+# the peer counts; the truth that scores it must not be that predictor. Here
 # one synchronous data-parallel step on G cores takes
 #     t_step = t_compute(b) + t_sync(placement),      b = the local batch,
 #     t_compute(b) = step_overhead + b · sample_seconds,

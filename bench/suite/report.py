@@ -45,7 +45,7 @@ def _ratio(a: dict | None, b: dict | None, key: str = "files_per_s") -> float | 
 
 
 def evaluate(results: dict) -> list[dict]:
-    """The issue's targets, each with its value (None when a part did not run)."""
+    """The targets, each with its value (None when a part did not run)."""
     r = TARGET_READERS
     warm = small_pass(results, "cachefs", "warm", r)
     rows = [

@@ -91,7 +91,7 @@ class Setup:
     hold_for_worst: bool = False
     #: LAS places jobs on free GPUs in a random node order (blind to placement).
     las_random_placement: bool = False
-    #: every app a single job (the set-up before issue 19, for contrast).
+    #: every app a single job (the earlier set-up, for contrast).
     single_job_apps: bool = False
 
 

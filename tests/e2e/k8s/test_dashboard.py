@@ -599,7 +599,7 @@ def test_every_expression_is_valid_promql(dashboard, tmp_path):
 
 def test_the_dashboard_covers_what_operators_watch(dashboard):
     """Throughput, hit ratio, tier usage vs capacity, peer and store traffic, FUSE latency
-    percentiles, preload progress, jobs and the suspended queue (issue 21)."""
+    percentiles, preload progress, jobs and the suspended queue."""
     exprs = " ".join(expr for _, expr in panel_targets(dashboard))
     for needle in (
         "cachefs_fuse_files_read_total",

@@ -205,7 +205,7 @@ def test_command_line() -> None:
 def test_presets_grow_from_quick_to_full() -> None:
     quick, default, full = PRESETS["quick"], PRESETS["default"], PRESETS["full"]
     assert quick.small_files < default.small_files < full.small_files
-    assert default.meta_entries == 1_281_167  # ImageNet-1k's training set, as the issue asks
+    assert default.meta_entries == 1_281_167  # ImageNet-1k's training set
     for preset in PRESETS.values():
         assert preset.cold_files <= preset.small_files
         assert 4 in preset.readers  # the targets are taken at 4 readers
