@@ -256,6 +256,8 @@ def _parse_head(lines: list[bytes]) -> tuple[int, dict[str, str]]:
         if not colon:
             raise MalformedAnswer("an answer header line has no colon")
         headers[name.strip().lower()] = value.strip()
+    if parts[0] == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
+        headers["connection"] = "close"  # HTTP/1.0 closes after each answer unless it says not
     return int(parts[1]), headers
 
 

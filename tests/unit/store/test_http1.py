@@ -132,6 +132,12 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_once(serve):
     assert server.connections == 3 and len(server.requests) == 3
 
 
+def test_an_http10_answer_without_keep_alive_is_not_kept(serve):
+    _server, pool = serve([raw(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", close=True)])
+    assert pool.get("/1", []).read() == b"ok"
+    assert pool.idle_connections == 0
+
+
 def test_connection_close_is_honoured(serve):
     _server, pool = serve([ok(b"x", "Connection: close")])
     assert pool.get("/1", []).read() == b"x"
