@@ -30,7 +30,9 @@ from tests.worker_process import REPO_ROOT, WorkerProcess, drop_page_cache
 
 NOBODY = 65534  # uid and gid ("nogroup") of Debian's nobody
 OTHER = 4000  # a user and group that own nothing
-FORMAT1_FIXTURE = os.path.join(REPO_ROOT, "tests", "meta", "data", "format1-snapshot.mdb.gz")
+FORMAT1_FIXTURE = os.path.join(
+    REPO_ROOT, "tests", "unit", "meta", "data", "format1-snapshot.mdb.gz"
+)
 
 
 def run_as(uid: int, gid: int, *argv: str) -> subprocess.CompletedProcess:
