@@ -357,6 +357,13 @@ def live(tmp_path_factory) -> LiveCluster:
         cluster.client.submit_job("train-1", "ds", 1)
         reader = cluster.worker("n1")
         assert read_all(reader.mount, files) == [], "bytes differ from the source"
+        # A read that misses (the preloads cached everything else): the read path's store GET,
+        # which "Store GETs by outcome" shows, happens whatever the timing.
+        cluster.add_dataset("cold", f"file://{source}")
+        cold_path = reader.path("cold", "train/00.bin")
+        wait_for(lambda: os.path.exists(cold_path), "the cold dataset on n1's mount")
+        with open(cold_path, "rb") as cold:
+            assert cold.read() == files["train/00.bin"]
         with pytest.raises(FileNotFoundError):  # an error reply, for cachefs_fuse_errors
             os.stat(reader.path("ds", "missing"))
         texts = [worker.client.metrics() for worker in cluster.workers]
