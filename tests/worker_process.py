@@ -8,6 +8,7 @@ this module gives it the tests' defaults).
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ __all__ = [
     "WorkerProcess",
     "drop_page_cache",
     "force_unmount",
+    "live_process_group",
     "log_tail",
     "start_s3_world",
 ]
@@ -109,3 +111,20 @@ def start_s3_world(
     return SimpleNamespace(
         worker=worker, objects=objects, proxy=fault_proxy, bucket=bucket, name=name, moto=moto_s3
     )
+
+
+def live_process_group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (a worker started with
+    ``own_process_group``, its fetchers, a shell and what it started). Zombies do not count:
+    in a container they may wait long for a reaper."""
+    members = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # "pid (comm) state ppid pgrp …"; comm may hold spaces and parentheses
+                state, _ppid, pgrp = f.read().rpartition(")")[2].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(entry))
+    return members

@@ -32,6 +32,7 @@ from tests.worker_process import (
     WorkerProcess,
     drop_page_cache,
     force_unmount,
+    live_process_group,
     start_s3_world,
 )
 
@@ -364,22 +365,6 @@ def test_a_mount_that_cannot_be_cleared_is_refused_in_one_line(tmp_path, monkeyp
         subprocess.run([umount, str(mountpoint)], check=True)
 
 
-def _process_group(pgid: int) -> list[int]:
-    """The live processes of a process group (zombies, which may wait long for a reaper in a
-    container, do not count)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                # "pid (comm) state ppid pgrp …"; comm may hold spaces and parentheses
-                state, _ppid, pgrp = f.read().rpartition(")")[2].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(pgrp) == pgid and state != "Z":
-            members.append(int(entry))
-    return members
-
-
 def test_ctrl_c_on_a_cluster_worker_stops_it_and_its_fetchers_quietly(moto_s3, tmp_path):
     """Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the worker and
     its preload fetcher processes (cachefs/cluster/fetchers.py). The worker stops them itself;
@@ -395,11 +380,11 @@ def test_ctrl_c_on_a_cluster_worker_stops_it_and_its_fetchers_quietly(moto_s3, t
         cluster.start()
         cluster.add_dataset("ds", f"s3://{bucket}/ds", endpoint=moto_s3.endpoint, block_size=BLOCK)
         assert cluster.preload("ds")["state"] == "completed"  # through the fetcher processes
-        group = _process_group(worker.proc.pid)
+        group = live_process_group(worker.proc.pid)
         assert len(group) > 1, group  # the worker and the processes it started
         os.killpg(worker.proc.pid, signal.SIGINT)
         assert worker.proc.wait(timeout=WAIT_S) == 0
-        wait_for(lambda: _process_group(worker.proc.pid) == [], "the fetchers to exit")
+        wait_for(lambda: live_process_group(worker.proc.pid) == [], "the fetchers to exit")
         assert "Traceback" not in worker.log(), worker.log()
         assert "KeyboardInterrupt" not in worker.log()
         assert mounts_at(os.path.realpath(worker.mount)) == []

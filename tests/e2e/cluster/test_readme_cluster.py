@@ -23,7 +23,7 @@ from cachefs.host import mounts_at
 from cachefs.settings import default_ram_dir
 from tests.fakes.moto import free_port
 from tests.waiting import WAIT_S, wait_for
-from tests.worker_process import REPO_ROOT, force_unmount, log_tail
+from tests.worker_process import REPO_ROOT, force_unmount, live_process_group, log_tail
 
 README = os.path.join(REPO_ROOT, "README.md")
 MARKER = "`tests/e2e/cluster/test_readme_cluster.py` runs this block"
@@ -45,19 +45,6 @@ def _substitute(block: str, replacements: dict[str, str]) -> str:
         assert old in block, f"the README block no longer contains {old!r}"
         block = block.replace(old, new)
     return block
-
-
-def _live_group(pgid: int) -> list[int]:
-    members = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, _ppid, pgrp = f.read().rpartition(")")[2].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(pgrp) == pgid and state != "Z":
-            members.append(int(entry))
-    return members
 
 
 def test_the_readmes_one_machine_cluster_runs_as_written(moto_s3, tmp_path):
@@ -96,7 +83,7 @@ def test_the_readmes_one_machine_cluster_runs_as_written(moto_s3, tmp_path):
         except subprocess.TimeoutExpired:
             rc = None
         assert rc == 0, f"rc {rc}\n{log_tail(str(out_path))}\n{log_tail(str(err_path))}"
-        wait_for(lambda: _live_group(shell.pid) == [], "the README's processes to stop")
+        wait_for(lambda: live_process_group(shell.pid) == [], "the README's processes to stop")
 
         stdout = out_path.read_text()
         read = dict(
@@ -116,7 +103,7 @@ def test_the_readmes_one_machine_cluster_runs_as_written(moto_s3, tmp_path):
         for mount in mounts:  # `cachefs down` returned once each worker had unmounted
             assert mounts_at(mount) == []
     finally:
-        if _live_group(shell.pid):
+        if live_process_group(shell.pid):
             os.killpg(shell.pid, signal.SIGKILL)
         for mount in mounts:
             force_unmount(mount)
