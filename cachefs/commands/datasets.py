@@ -7,9 +7,10 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from cachefs.client import ControlClient, one_line
+from cachefs.client import ControlClient, CoordinatorClient, one_line
 from cachefs.commands.common import (
     cluster_client,
     coordinator_if_any,
@@ -136,37 +137,49 @@ def cmd_dataset_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_dataset_refresh(args: argparse.Namespace) -> int:
+def _on_coordinator_or_worker(
+    args: argparse.Namespace,
+    ask_coordinator: Callable[[CoordinatorClient], dict[str, Any]],
+    coordinator_summary: str,
+    ask_worker: Callable[[ControlClient], dict[str, Any]],
+    worker_summary: Callable[[dict[str, Any]], str],
+) -> int:
+    """Run a dataset command where it belongs: on the coordinator when one is configured (it
+    passes the command on to every worker and answers at once, so its summary is fixed), on
+    the local worker otherwise (its answer says what was done)."""
     cluster = coordinator_if_any(args)
     if cluster is not None:
         with cluster:
-            result = cluster.refresh_dataset(args.name)
-        print_result(args, result, f"dataset {args.name!r}: workers are re-listing the source")
+            result = ask_coordinator(cluster)
+        print_result(args, result, coordinator_summary)
         return 0
     with ControlClient(args.state) as client:
-        result = client.refresh_dataset(args.name)
-    print_result(
-        args,
-        result,
-        f"dataset {args.name!r} refreshed "
-        f"({result['changed']} changed, {result['removed']} removed)",
-    )
+        result = ask_worker(client)
+    print_result(args, result, worker_summary(result))
     return 0
+
+
+def cmd_dataset_refresh(args: argparse.Namespace) -> int:
+    return _on_coordinator_or_worker(
+        args,
+        lambda cluster: cluster.refresh_dataset(args.name),
+        f"dataset {args.name!r}: workers are re-listing the source",
+        lambda worker: worker.refresh_dataset(args.name),
+        lambda result: (
+            f"dataset {args.name!r} refreshed "
+            f"({result['changed']} changed, {result['removed']} removed)"
+        ),
+    )
 
 
 def cmd_dataset_rm(args: argparse.Namespace) -> int:
-    cluster = coordinator_if_any(args)
-    if cluster is not None:
-        with cluster:
-            result = cluster.remove_dataset(args.name)
-        print_result(args, result, f"dataset {args.name!r} removed; workers free its cache")
-        return 0
-    with ControlClient(args.state) as client:
-        result = client.remove_dataset(args.name, keep_cache=args.keep_cache)
-    print_result(
-        args, result, f"dataset {args.name!r} removed, {format_size(result['freed_bytes'])} freed"
+    return _on_coordinator_or_worker(
+        args,
+        lambda cluster: cluster.remove_dataset(args.name),
+        f"dataset {args.name!r} removed; workers free its cache",
+        lambda worker: worker.remove_dataset(args.name, keep_cache=args.keep_cache),
+        lambda result: f"dataset {args.name!r} removed, {format_size(result['freed_bytes'])} freed",
     )
-    return 0
 
 
 def add_dataset_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
