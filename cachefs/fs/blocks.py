@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import trio
 
@@ -59,10 +59,34 @@ from cachefs.store.concurrency import (
     throttled_tries,
 )
 
+if TYPE_CHECKING:
+    import outcome  # trio's own dependency: the type of what a thread hands back
+
 log = logging.getLogger(__name__)
 
 #: Block keys remembered by a BlockReader (~200 bytes each).
 BLOCK_KEYS_KEPT = 4096
+
+T = TypeVar("T")
+
+
+async def run_in_thread(fn: Callable[[], T], limiter: trio.CapacityLimiter) -> T:
+    """``trio.to_thread.run_sync(fn, limiter=limiter)`` for the read path's hops (store GETs,
+    slower-tier reads), without its per-call bookkeeping: trio names the thread after ``fn``
+    and the calling task on every call and back after it (two ``prctl`` calls, each a GIL
+    hand-off under load) and copies the context for ``trio.from_thread``. ``fn`` must not use
+    ``trio.from_thread`` or context variables. Not cancellable once started, as to_thread's
+    default: the task waits for ``fn``'s outcome (an exception is re-raised here)."""
+    async with limiter:
+        token = trio.lowlevel.current_trio_token()
+        task = trio.lowlevel.current_task()
+
+        def deliver(result: outcome.Outcome[T]) -> None:  # in the thread, once fn is done
+            token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+        trio.lowlevel.start_thread_soon(fn, deliver)
+        done: T = await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        return done
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,8 +361,8 @@ class BlockReader:
             return data
         tier = self.cache.locate(key)  # not in RAM: in a slower tier?
         if tier is not None:
-            data = await trio.to_thread.run_sync(
-                self.cache.read, key, offset, length, limiter=self._disk_limiter
+            data = await run_in_thread(
+                partial(self.cache.read, key, offset, length), self._disk_limiter
             )
             if data is not None:
                 metrics.hits[tier] += 1
@@ -397,9 +421,7 @@ class BlockReader:
         block = self.cache.open_verified(key, tier="ram")
         if block is not None or self.cache.locate(key) is None:
             return block
-        return await trio.to_thread.run_sync(
-            partial(self.cache.open_verified, key), limiter=self._disk_limiter
-        )
+        return await run_in_thread(partial(self.cache.open_verified, key), self._disk_limiter)
 
     async def _fetch(
         self,
@@ -521,9 +543,7 @@ class BlockReader:
             return data, self._admit(admit_as, data)
 
         try:
-            data, admitted = await trio.to_thread.run_sync(
-                get_and_admit, limiter=self._store_limiter
-            )
+            data, admitted = await run_in_thread(get_and_admit, self._store_limiter)
         except StoreError as exc:
             self.metrics.store_request("get", type(exc).__name__, time.perf_counter() - began)
             self.store_concurrency.record(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 import pytest
 import trio
@@ -13,7 +14,7 @@ import trio.testing
 
 from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.errors import StoreUnavailable
-from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits
+from cachefs.fs.blocks import BlockReader, DataSource, FileVersion, ReadLimits, run_in_thread
 from cachefs.metrics import WorkerMetrics
 from cachefs.store import StoreConfig, open_store
 from tests.fakes.wrappers import CountingStore
@@ -195,3 +196,59 @@ async def test_strided_readers_and_a_reader_without_the_service_get_no_read_ahea
     assert await reader.read(source, version, 4 * BLOCK, 10) == data[4 * BLOCK : 4 * BLOCK + 10]
     assert reader.fetches_in_flight == 0
     assert store.gets == 6 and metrics.readahead_blocks == 0  # blocks 0, 2 and 4
+
+
+async def test_run_in_thread_returns_the_value_and_raises_the_error_of_its_function():
+    loop_thread = threading.get_ident()
+    assert await run_in_thread(threading.get_ident, trio.CapacityLimiter(1)) != loop_thread
+
+    def fails() -> None:
+        raise StoreUnavailable("the store is down", dataset="ds", key="k", store="s")
+
+    with pytest.raises(StoreUnavailable, match="the store is down"):
+        await run_in_thread(fails, trio.CapacityLimiter(1))
+
+
+async def test_run_in_thread_holds_a_token_of_its_limiter_until_the_function_is_done():
+    limiter = trio.CapacityLimiter(1)
+    release = threading.Event()
+    ran: list[str] = []
+
+    def first() -> None:
+        ran.append("first")
+        release.wait(30)  # generous: set below once the second call is seen waiting
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_in_thread, first, limiter)
+        await wait_until(lambda: ran == ["first"])
+        nursery.start_soon(run_in_thread, lambda: ran.append("second"), limiter)
+        await wait_until(lambda: limiter.statistics().tasks_waiting == 1)
+        assert ran == ["first"] and limiter.borrowed_tokens == 1
+        release.set()
+    assert ran == ["first", "second"] and limiter.borrowed_tokens == 0
+
+
+async def test_a_cancelled_run_in_thread_still_waits_for_its_function():
+    started, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+    scopes: list[trio.CancelScope] = []
+
+    def slow() -> None:
+        started.set()
+        release.wait(30)  # generous: set below once the cancel has been delivered
+        finished.append("thread")
+
+    async def hop() -> None:
+        with trio.CancelScope() as scope:
+            scopes.append(scope)
+            await run_in_thread(slow, trio.CapacityLimiter(1))
+        finished.append("task")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hop)
+        await trio.to_thread.run_sync(started.wait, 30)
+        scopes[0].cancel()
+        await trio.sleep(0.05)
+        assert finished == []  # cancelled, and still waiting for its thread
+        release.set()
+    assert finished == ["thread", "task"]
