@@ -196,6 +196,20 @@ class CacheCounters:
     missing: int  # index entries whose file had vanished (dropped)
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Room claimed in a tier for one block that another process writes (the preload's fetcher
+    processes): it writes the block's bytes to ``path`` — a new file, mode 0600 — and computes
+    their checksums; the cache then admits that file (``admit_written``) or gives the room back
+    (``abandon``). Until one of them, the room counts as taken."""
+
+    raw: bytes  # the block's key
+    tier: str
+    path: str  # in the tier's tmp directory: renamed into place on admission
+    size: int
+    footprint: int
+
+
 class BlockCache(Protocol):
     def locate(self, key: BlockKey) -> str | None:
         """Tier name holding the block ("ram"/"ssd"), or None. Index lookup only, no file I/O."""
@@ -232,6 +246,23 @@ class BlockCache(Protocol):
         """Admit a block. Returns the tier it went to, or None if the admission policy refused it
         (avoid-eviction and full, or larger than any tier). Capacity is never exceeded, even
         transiently, and concurrent puts of one key store it once."""
+        ...
+
+    def reserve(self, key: BlockKey, size: int) -> Reservation | None:
+        """Claim room for a ``size``-byte block to be written to ``Reservation.path`` by someone
+        else; None if the admission policy refuses it (as :meth:`put` would)."""
+        ...
+
+    def admit_written(
+        self, reservation: Reservation, block_checksum: int, chunk_sums: bytes
+    ) -> str | None:
+        """Admit the block file written for ``reservation``, with the checksums of the bytes
+        written (:func:`checksum`, :func:`chunk_checksums`): the tier it went to, or None if its
+        file is missing or has the wrong size (the room is given back). Idempotent like put."""
+        ...
+
+    def abandon(self, reservation: Reservation) -> None:
+        """Give the room of ``reservation`` back and remove its file if one was written."""
         ...
 
     def contains(self, key: BlockKey) -> bool: ...

@@ -117,28 +117,34 @@ class Tier:
         fanout = raw[_DIGEST_OFFSET : _DIGEST_OFFSET + 2].hex()
         return f"{self.root}/{fanout[:2]}/{fanout[2:]}/{raw.hex()}.{file_id:x}"
 
+    def tmp_path(self, raw: bytes) -> str:
+        """A new name in the tier's tmp directory for a block being written."""
+        return f"{self._tmp_dir}/{raw.hex()}.{secrets.token_hex(6)}"
+
     def write_block(self, raw: bytes, file_id: int, data: bytes) -> None:
         """Write a block file so that readers see either no file or the complete one.
 
         No fsync: every block carries a checksum in the index and is verified before it is
         served after a restart, so a block torn by a power loss is dropped, never served.
         """
-        final_path = self.block_path(raw, file_id)
-        tmp_path = f"{self._tmp_dir}/{raw.hex()}.{secrets.token_hex(6)}"
-        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        tmp_path = self.tmp_path(raw)
         try:
-            try:
-                _write_all(fd, data)
-            finally:
-                os.close(fd)
-            try:
-                os.rename(tmp_path, final_path)
-            except FileNotFoundError:  # first block in this fan-out directory
-                os.makedirs(os.path.dirname(final_path), mode=0o700, exist_ok=True)
-                os.rename(tmp_path, final_path)
+            write_new_file(tmp_path, data)
+            self.place_block(tmp_path, raw, file_id)
         except BaseException:
-            _unlink_if_present(tmp_path)
+            unlink_if_present(tmp_path)
             raise
+
+    def place_block(self, tmp_path: str, raw: bytes, file_id: int) -> None:
+        """Rename a whole block file from the tmp directory into its place."""
+        final_path = self.block_path(raw, file_id)
+        try:
+            os.rename(tmp_path, final_path)
+        except FileNotFoundError:
+            if not os.path.exists(tmp_path):
+                raise
+            os.makedirs(os.path.dirname(final_path), mode=0o700, exist_ok=True)  # first in it
+            os.rename(tmp_path, final_path)
 
     def remove_block(self, raw: bytes, file_id: int) -> None:
         """Delete a block's file. Tell ``before_remove`` first (the native read path forgets the
@@ -146,7 +152,7 @@ class Tier:
         removed file can stay open (see ``open_files.py``)."""
         if self.before_remove is not None:
             self.before_remove(file_id)
-        _unlink_if_present(self.block_path(raw, file_id))
+        unlink_if_present(self.block_path(raw, file_id))
         self.open_files.forget(file_id)
 
     # --- orphan sweep ---------------------------------------------------------------------------
@@ -182,7 +188,7 @@ def prepare_directory(path: str) -> str:
     tmp_dir = os.path.join(path, TMP_DIR_NAME)
     os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
     for entry in os.scandir(tmp_dir):
-        _unlink_if_present(entry.path)
+        unlink_if_present(entry.path)
     markers = [
         name[1] for entry in os.scandir(path) if (name := _MARKER_NAME.fullmatch(entry.name))
     ]
@@ -191,11 +197,11 @@ def prepare_directory(path: str) -> str:
     else:  # none (a new or emptied directory) or several (not cachefs's doing): a new identity,
         # except that the marker of an older version (its id as content) keeps its identity
         for old_id in markers:
-            _unlink_if_present(os.path.join(path, MARKER_PREFIX + old_id))
+            unlink_if_present(os.path.join(path, MARKER_PREFIX + old_id))
         instance_id = _read_old_marker(path) if not markers else None
         instance_id = instance_id or secrets.token_hex(16)
         _create_empty(os.path.join(path, MARKER_PREFIX + instance_id))
-    _unlink_if_present(os.path.join(path, _OLD_MARKER_NAME))  # after its id has a new marker
+    unlink_if_present(os.path.join(path, _OLD_MARKER_NAME))  # after its id has a new marker
     return instance_id
 
 
@@ -219,14 +225,20 @@ def _subdirs(path: str) -> Iterator[os.DirEntry[str]]:
             yield entry
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def write_new_file(path: str, data: bytes) -> None:
+    """Create ``path`` (it must not exist; mode 0600) holding ``data``: how a block file is
+    written, here or by a preload fetcher process into a reservation."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+    finally:
+        os.close(fd)
 
 
-def _unlink_if_present(path: str) -> None:
+def unlink_if_present(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -35,6 +35,7 @@ import os
 import threading
 from collections.abc import Callable, Collection
 
+from cachefs.cache.admission import Admission, CacheClosed
 from cachefs.cache.base import (
     CHUNK_SIZE,
     BlockFile,
@@ -48,7 +49,7 @@ from cachefs.cache.base import (
     chunk_checksums,
     first_bad_chunk,
 )
-from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TotalsDelta
+from cachefs.cache.index import BlockIndex, Entry, TotalsDelta
 from cachefs.cache.opening import (
     ADMISSION_AVOID_EVICTION,
     ADMISSION_LRU,
@@ -59,13 +60,11 @@ from cachefs.cache.opening import (
 )
 from cachefs.cache.stamps import AccessStamps
 from cachefs.cache.tier import Tier, TierConfig
-from cachefs.errors import CachefsError, ConfigError
+from cachefs.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INDEX_MAP_SIZE = 8 << 30  # address space, not disk: LMDB grows the file as needed
-# Eviction makes room and then claims it; a concurrent put may take the room in between.
-_MAKE_ROOM_ATTEMPTS = 3
 # evict_source removes in batches so that one huge dataset does not hold the write lock long.
 _REMOVE_BATCH = 4096
 
@@ -80,11 +79,7 @@ class _Unread(enum.Enum):
 _VANISHED, _CORRUPT = _Unread.VANISHED, _Unread.CORRUPT
 
 
-class CacheClosed(CachefsError):
-    """The cache was used after close()."""
-
-
-class TieredBlockCache:
+class TieredBlockCache(Admission):
     """A BlockCache (see ``base.py``) over a list of tiers, in admission preference order.
 
     ``admission="avoid-eviction"`` admits into the first tier with room and refuses when all
@@ -302,120 +297,6 @@ class TieredBlockCache:
         if offset >= end:
             return b""
         return span if (start, stop) == (offset, end) else span[offset - start : end - start]
-
-    # --- admission ------------------------------------------------------------------------------
-
-    def put(self, key: BlockKey, data: bytes) -> str | None:
-        raw = key.raw
-        other_writer = self._claim(raw)
-        if other_writer is not None:  # the same block is being stored by another thread
-            other_writer.wait()
-            return self.locate(key)
-        try:
-            return self._admit(raw, data)
-        finally:
-            self._release_claim(raw)
-
-    def _claim(self, raw: bytes) -> threading.Event | None:
-        """Become the one thread storing or moving ``raw`` (returns None), or get the event of
-        the thread that already is."""
-        with self._lock:
-            if self._closed:
-                raise CacheClosed(f"block cache {self._index_dir} is closed")
-            other_writer = self._in_flight.get(raw)
-            if other_writer is None:
-                self._in_flight[raw] = threading.Event()
-            return other_writer
-
-    def _release_claim(self, raw: bytes) -> None:
-        with self._lock:
-            self._in_flight.pop(raw).set()
-            if not self._in_flight:
-                self._nothing_in_flight.notify_all()
-
-    def _admit(self, raw: bytes, data: bytes) -> str | None:
-        value = self._index.get(raw)
-        if value is not None:  # already cached: a put is idempotent
-            return self._tier_by_id[value[0]].name
-        size = len(data)
-        tier = self._claim_free_room(self._tiers, size)
-        if tier is None and self._evict_when_full:
-            tier = self._make_room(size)
-        if tier is None:
-            with self._lock:
-                self._refused += 1
-            return None
-        footprint = tier.footprint(size)
-        # Before the write lock is taken (4 MiB: ~0.5 ms), and from the bytes being admitted,
-        # not from the file: every later read is checked against what was handed to put().
-        block_checksum = checksum(data)
-        chunk_sums = chunk_checksums(data)
-        file_id = self._stamps.next()
-        try:
-            tier.write_block(raw, file_id, data)
-        except OSError as exc:
-            with self._lock:
-                tier.pending -= footprint
-            log.warning("cache tier %r: could not write block %s: %s", tier.name, raw.hex(), exc)
-            return None
-        try:
-            with self._index.write() as writer:
-                self._stamps.write(writer)
-                entry = Entry(
-                    tier_id=tier.tier_id,
-                    reserved=self._reserved_on_admission(writer, tier, footprint),
-                    size=size,
-                    footprint=footprint,
-                    checksum=block_checksum,
-                    stamp=self._stamps.next(),
-                    file_id=file_id,
-                    chunk_checksums=chunk_sums,
-                )
-                writer.insert(raw, entry)
-        except BaseException:
-            tier.remove_block(raw, file_id)
-            with self._lock:
-                tier.pending -= footprint
-            raise
-        with self._lock:
-            tier.pending -= footprint
-            self._apply(writer.delta)
-            self._admitted += 1
-        return tier.name
-
-    @staticmethod
-    def _reserved_on_admission(writer: IndexWriter, tier: Tier, footprint: int) -> bool:
-        """The first ``reserve`` bytes admitted to a tier are flagged reserved (never evicted)."""
-        reserved_used = writer.tier_totals(tier.tier_id).reserved_used
-        return tier.reserve > 0 and reserved_used + footprint <= tier.reserve
-
-    def _claim_free_room(self, tiers: list[Tier], size: int) -> Tier | None:
-        """Claim the footprint of a ``size``-byte block in the first of ``tiers`` that has it
-        free (give it back as ``tier.footprint(size)``)."""
-        with self._lock:
-            for tier in tiers:
-                footprint = tier.footprint(size)
-                if tier.free() >= footprint:
-                    tier.pending += footprint
-                    return tier
-        return None
-
-    def _make_room(self, size: int) -> Tier | None:
-        """lru policy: evict from the first tier where evicting can make room, and claim it."""
-        for tier in self._tiers:
-            footprint = tier.footprint(size)
-            for _attempt in range(_MAKE_ROOM_ATTEMPTS):
-                with self._lock:
-                    if tier.free() >= footprint:
-                        tier.pending += footprint
-                        return tier
-                    shortfall = footprint - tier.free()
-                    # Even evicting every non-reserved block would not free enough.
-                    if tier.capacity - tier.reserved_used - tier.pending < footprint:
-                        break
-                if self._evict_oldest(tier, shortfall) == 0:
-                    break
-        return None
 
     # --- removal --------------------------------------------------------------------------------
 

@@ -2,17 +2,20 @@
 
 An SDK GET costs about 1.4 ms of client CPU (boto3), so one Python process tops out near 700
 GETs/s per core — and the worker process must keep its core for FUSE. Preload fetches run in a
-pool of helper processes instead; each opens its own store client once per dataset and sends
-the block's bytes back through its pipe. Admission (index + tier files) stays in the worker,
-which owns the cache.
+pool of helper processes instead; each opens its own store client once per dataset. The
+preload's requests (:meth:`FetcherPool.start_into`) name a file of a cache reservation
+(cachefs/cache/admission.py): the fetcher writes the block there and sends back only its
+checksums, and the worker admits the file (a rename and an index entry) — the block's bytes
+never cross the pipe or the worker. :meth:`FetcherPool.fetch` / ``start`` send the bytes back
+instead (the benchmarks measure the GET path with them).
 
 Each fetcher process keeps many GETs in flight at once (a thread per request, up to
 ``threads``): how many the whole pool has in flight is the preloader's to decide (its adaptive
 limit, cachefs/store/concurrency.py), not one per process. Requests and answers are multiplexed
 over one pipe per process, tagged with a request number; a reader thread in the worker hands
-each answer to the thread waiting for it. An answer says how many of the request's tries the
-store answered "slow down" (the adaptive limit's signal), and the bytes follow it raw
-(``send_bytes``: not pickled).
+each answer to the future of its request. An answer says whether any of the request's tries
+the store answered "slow down" (the adaptive limit's signal); the checksums of a written block,
+or the bytes (raw, ``send_bytes``: not pickled), follow.
 
 S3 sources are read through S3Store, whose GETs use the lean bulk-GET client
 (:class:`cachefs.store.s3_bulk.S3BulkReader`: its own SigV4 signer over pooled keep-alive
@@ -21,8 +24,8 @@ configuration needs boto3 (then botocore, logged once). OSS and local sources us
 store clients.
 
 The processes are started with ``forkserver``: forking the worker itself (threads, a FUSE
-session) would copy locks held by other threads. ``processes=0`` fetches in the calling thread
-instead (no extra processes; for small machines and tests).
+session) would copy locks held by other threads. ``processes=0`` fetches on threads of the
+worker's own process instead (no extra processes; for small machines and tests).
 
 Each fetcher exits when the worker that owns the pool does, however it ends: its pipe reaches
 EOF, and a watcher thread follows the owner's pid (a fetcher blocked in a GET still ends).
@@ -45,7 +48,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
+from typing import Any
 
+from cachefs.cache.base import checksum, chunk_checksums
+from cachefs.cache.tier import write_new_file
 from cachefs.errors import CachefsError, StoreError
 from cachefs.store import ObjectStore, StoreConfig, open_store, parse_uri
 from cachefs.store.concurrency import PRELOAD_BOUNDS, throttled_tries
@@ -76,6 +82,21 @@ class Fetched:
 
     data: bytes
     throttled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A block a fetcher wrote to the file it was given (a cache reservation's path): the
+    checksums of the bytes written, for the cache's index, and whether the store answered
+    "slow down" on the way."""
+
+    checksum: int
+    chunk_checksums: bytes
+    throttled: bool
+
+
+#: A written block's checksums as they cross the pipe: (checksum, chunk checksums).
+WrittenSums = tuple[int, bytes]
 
 
 class FetchFailed(StoreError):
@@ -133,6 +154,52 @@ def fetch_range(
     return data, throttled_tries(store) > before
 
 
+def _fetch_inline(request: FetchRequest, lean_s3: bool) -> Fetched:
+    """:func:`fetch_range` as a pool thread of this process runs it (``processes=0``)."""
+    data, throttled = fetch_range(*request, lean_s3=lean_s3)
+    if isinstance(data, str):
+        raise FetchFailed(data, throttled=throttled)
+    return Fetched(data, throttled)
+
+
+def whole(fetched: Fetched, key: str, length: int) -> Fetched:
+    """``fetched`` if it holds the ``length`` bytes asked for, else FetchFailed: a short read
+    is never admitted."""
+    if len(fetched.data) != length:
+        raise FetchFailed(
+            f"got {len(fetched.data)} bytes for a {length}-byte range of {key!r}",
+            throttled=fetched.throttled,
+        )
+    return fetched
+
+
+def fetch_into(
+    request: FetchRequest, path: str, *, lean_s3: bool = LEAN_S3_GETS
+) -> tuple[WrittenSums | str, bool]:
+    """One GET whose bytes go to a new file at ``path`` (mode 0600) rather than back through
+    the pipe: the block's checksums, or the error as a string; and whether it was throttled.
+    A short read is an error, and leaves no file."""
+    data, throttled = fetch_range(*request, lean_s3=lean_s3)
+    if isinstance(data, str):
+        return data, throttled
+    _, key, _, length, _ = request
+    if len(data) != length:
+        return f"got {len(data)} bytes for a {length}-byte range of {key!r}", throttled
+    try:
+        write_new_file(path, data)
+    except OSError as exc:
+        return f"could not write the block to the cache: {exc}", throttled
+    return (checksum(data), chunk_checksums(data)), throttled
+
+
+def _fetch_into_inline(request: FetchRequest, path: str, lean_s3: bool) -> Written:
+    """:func:`fetch_into` as a pool thread of this process runs it (``processes=0``)."""
+    sums, throttled = fetch_into(request, path, lean_s3=lean_s3)
+    if isinstance(sums, str):
+        raise FetchFailed(sums, throttled=throttled)
+    return Written(sums[0], sums[1], throttled)
+
+
 def exit_with(owner: int) -> None:
     """Runs first in each fetcher process: SIGINT is ignored (the owner stops us), and a daemon
     thread ends the process when ``owner`` (the worker's pid, alive when this runs) exits. A
@@ -163,11 +230,17 @@ def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
     exit_with(owner)
     send_lock = threading.Lock()  # an answer and its bytes go out together
 
-    def answer(number: int, request: FetchRequest) -> None:
+    def answer(number: int, request: FetchRequest, path: str | None) -> None:
+        if path is not None:  # into a file: only the checksums go back
+            sums, throttled = fetch_into(request, path, lean_s3=lean_s3)
+            error = sums if isinstance(sums, str) else None
+            with send_lock:
+                conn.send((number, error, throttled, None if error else sums))
+            return
         data, throttled = fetch_range(*request, lean_s3=lean_s3)
         error = data if isinstance(data, str) else None
         with send_lock:
-            conn.send((number, error, throttled))
+            conn.send((number, error, throttled, None))
             if not isinstance(data, str):  # error is None: the bytes follow
                 conn.send_bytes(data)
 
@@ -196,7 +269,7 @@ class _Fetcher:
         )
         self.process.start()
         child_conn.close()
-        self.pending: dict[int, Future[Fetched]] = {}
+        self.pending: dict[int, Future[Any]] = {}  # Fetched or Written
         self.alive = True
         self._lock = threading.Lock()  # pending, alive, and one request at a time on the pipe
         self._reader = threading.Thread(
@@ -204,13 +277,15 @@ class _Fetcher:
         )
         self._reader.start()
 
-    def submit(self, number: int, request: FetchRequest) -> Future[Fetched]:
-        future: Future[Fetched] = Future()
+    def submit(self, number: int, request: FetchRequest, path: str | None) -> Future[Any]:
+        """Ask for one GET: its bytes back (a :class:`Fetched`), or with a ``path``, written
+        there (a :class:`Written`)."""
+        future: Future[Any] = Future()
         with self._lock:
             if not self.alive:
                 raise FetchFailed("the fetcher process has exited (or the pool was closed)")
             try:
-                self.conn.send((number, request))
+                self.conn.send((number, request, path))
             except OSError:  # the process is gone; its reader thread notices too
                 raise FetchFailed("the fetcher process has exited") from None
             self.pending[number] = future
@@ -219,12 +294,14 @@ class _Fetcher:
     def _read_answers(self) -> None:
         try:
             while True:
-                number, error, throttled = self.conn.recv()
-                data = b"" if error is not None else self.conn.recv_bytes()
+                number, error, throttled, sums = self.conn.recv()
+                data = b"" if error is not None or sums else self.conn.recv_bytes()
                 with self._lock:
                     future = self.pending.pop(number)
                 if error is not None:
                     future.set_exception(FetchFailed(error, throttled=throttled))
+                elif sums:
+                    future.set_result(Written(sums[0], sums[1], throttled))
                 else:
                     future.set_result(Fetched(data, throttled))
         except (EOFError, OSError):
@@ -262,6 +339,7 @@ class FetcherPool:
         self._fetchers: list[_Fetcher] = []
         self._numbers = itertools.count()
         self._lock = threading.Lock()  # many preload threads call fetch(): one set of processes
+        self._inline: ThreadPoolExecutor | None = None  # processes=0: the GETs' threads
 
     def pids(self) -> list[int]:
         with self._lock:
@@ -276,28 +354,48 @@ class FetcherPool:
                     self._fetchers.append(_Fetcher(context, self.threads, self.lean_s3))
             return min(self._fetchers, key=lambda f: len(f.pending))
 
+    def start(
+        self, config: StoreConfig, key: str, offset: int, length: int, etag: str
+    ) -> Future[Fetched]:
+        """Start one GET without waiting: the future ends with the :class:`Fetched` bytes (not
+        yet length-checked: :func:`whole`) or :class:`FetchFailed`. With ``processes=0`` the GET
+        runs on a thread of this process."""
+        request: FetchRequest = (config, key, offset, length, etag)
+        if self.processes > 0:
+            future: Future[Fetched] = self._least_busy().submit(next(self._numbers), request, None)
+            return future
+        return self._inline_pool().submit(_fetch_inline, request, self.lean_s3)
+
+    def start_into(
+        self, config: StoreConfig, key: str, offset: int, length: int, etag: str, path: str
+    ) -> Future[Written]:
+        """Like :meth:`start`, but the fetcher writes the bytes to a new file at ``path`` (a
+        cache :class:`~cachefs.cache.base.Reservation`'s) and only their checksums come back:
+        a block's bytes never cross the pipe, nor this process."""
+        request: FetchRequest = (config, key, offset, length, etag)
+        if self.processes > 0:
+            future: Future[Written] = self._least_busy().submit(next(self._numbers), request, path)
+            return future
+        return self._inline_pool().submit(_fetch_into_inline, request, path, self.lean_s3)
+
+    def _inline_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._inline is None:
+                self._inline = ThreadPoolExecutor(self.threads, thread_name_prefix="cachefs-fetch")
+            return self._inline
+
     def fetch(self, config: StoreConfig, key: str, offset: int, length: int, etag: str) -> Fetched:
         """Blocking: call from a thread. Raises FetchFailed with the reason."""
-        request: FetchRequest = (config, key, offset, length, etag)
-        if self.processes <= 0:
-            data, throttled = fetch_range(*request, lean_s3=self.lean_s3)
-            if isinstance(data, str):
-                raise FetchFailed(data, throttled=throttled)
-            fetched = Fetched(data, throttled)
-        else:
-            fetched = self._least_busy().submit(next(self._numbers), request).result()
-        if len(fetched.data) != length:  # never admit a short read
-            raise FetchFailed(
-                f"got {len(fetched.data)} bytes for a {length}-byte range of {key!r}",
-                throttled=fetched.throttled,
-            )
-        return fetched
+        return whole(self.start(config, key, offset, length, etag).result(), key, length)
 
     def close(self) -> None:
         with self._lock:
             fetchers, self._fetchers = self._fetchers, []
+            inline, self._inline = self._inline, None
         for fetcher in fetchers:
             fetcher.close()
+        if inline is not None:
+            inline.shutdown(wait=False, cancel_futures=True)
         with _stores_lock:
             stores = list(_stores.values())
             _stores.clear()

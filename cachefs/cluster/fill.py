@@ -39,7 +39,8 @@ from cachefs.peer.base import BlockRequest, PeerError, PeerRefused
 from cachefs.peer.client import PeerClient
 
 from .membership import FillAssignment
-from .preload import PlannedObject, PreloadSource, plan
+from .planning import PlannedObject, plan
+from .preload import PreloadSource
 from .served import ServedDatasets
 
 log = logging.getLogger("cachefs.fill")

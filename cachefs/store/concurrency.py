@@ -30,9 +30,12 @@ limit (its requests wait for the store, not here); a store on the same machine g
 one.
 
 The decisions depend only on the answers and the latencies handed in, never on a clock read
-here, so a run is deterministic given them (the unit tests replay runs). The limit is applied
-to a ``trio.CapacityLimiter`` (``total_tokens`` can be changed live: borrowers above a lowered
-limit keep their tokens, new ones wait), so the methods run on the trio loop.
+here, so a run is deterministic given them (the unit tests replay runs). Two ways to apply the
+limit: :class:`AdaptiveConcurrency` applies it to a ``trio.CapacityLimiter`` (``total_tokens``
+can be changed live: borrowers above a lowered limit keep their tokens, new ones wait), so its
+methods run on the trio loop (the read path's GETs); :class:`ThreadedConcurrency` is the same
+limit for plain threads (``acquire``/``release`` around each request, every method thread-safe:
+the preload's fetch pipelines, cachefs/cluster/pipeline.py).
 
 Stores retry throttled tries themselves (:class:`~cachefs.store.retry.HedgedReads`) and count
 them (``throttled_tries``); a caller hands the limit the growth of that count over its
@@ -42,6 +45,7 @@ request: :func:`throttled_tries` reads it.
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -91,9 +95,9 @@ def throttled_tries(store: Any) -> int:
     return getattr(store, "throttled_tries", 0)
 
 
-class AdaptiveConcurrency:
-    """An adaptive limit on requests in flight (see the module docstring), applied to
-    :attr:`limiter`. Call :meth:`record` once per answered request (on the trio loop)."""
+class AdaptiveLimit:
+    """The adaptive limit's decisions (see the module docstring); the subclasses apply it.
+    Call :meth:`record` once per answered request."""
 
     def __init__(self, bounds: ConcurrencyBounds, *, purpose: str):
         self.bounds = bounds
@@ -102,7 +106,6 @@ class AdaptiveConcurrency:
         self.peak = bounds.initial
         self.throttled = 0  # answers that were throttled (or saw a throttled try)
         self.decreases = 0
-        self.limiter = trio.CapacityLimiter(bounds.initial)
         self._slow_start = True
         self._successes = 0  # in a row, since the last change of the limit
         self._hold = 0  # answers still to come from before the last cut: they cut no more
@@ -116,7 +119,10 @@ class AdaptiveConcurrency:
 
     @property
     def in_flight(self) -> int:
-        return self.limiter.borrowed_tokens
+        raise NotImplementedError
+
+    def _applied(self, limit: int) -> None:
+        """The limit changed to ``limit``: the subclass applies it."""
 
     def record(self, *, throttled: bool, seconds: float | None = None) -> None:
         """One request answered: ``throttled`` if the store said "slow down" to it (to any of
@@ -178,7 +184,7 @@ class AdaptiveConcurrency:
         if limit != self.limit:
             self.limit = limit
             self.peak = max(self.peak, limit)
-            self.limiter.total_tokens = limit
+            self._applied(limit)
 
     def report(self) -> dict[str, int]:
         """For status documents and metrics."""
@@ -189,3 +195,62 @@ class AdaptiveConcurrency:
             "throttled": self.throttled,
             "decreases": self.decreases,
         }
+
+
+class AdaptiveConcurrency(AdaptiveLimit):
+    """The adaptive limit applied to :attr:`limiter`, a ``trio.CapacityLimiter``: borrow a token
+    per request; every method runs on the trio loop."""
+
+    def __init__(self, bounds: ConcurrencyBounds, *, purpose: str):
+        super().__init__(bounds, purpose=purpose)
+        self.limiter = trio.CapacityLimiter(bounds.initial)
+
+    @property
+    def in_flight(self) -> int:
+        return self.limiter.borrowed_tokens
+
+    def _applied(self, limit: int) -> None:
+        self.limiter.total_tokens = limit
+
+
+class ThreadedConcurrency(AdaptiveLimit):
+    """The adaptive limit for plain threads: :meth:`acquire` a place before each request,
+    :meth:`release` it when answered, :meth:`record` the answer; all thread-safe. Several
+    threads share one (all the preload's pipelines: one limit per node)."""
+
+    def __init__(self, bounds: ConcurrencyBounds, *, purpose: str):
+        super().__init__(bounds, purpose=purpose)
+        self._changed = threading.Condition()  # guards the limit's state and _in_flight
+        self._in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def acquire(self, timeout: float) -> bool:
+        """Take a place under the limit, waiting up to ``timeout`` seconds for one; whether
+        one was taken."""
+        with self._changed:
+            if self._in_flight >= self.limit:
+                self._changed.wait(timeout)
+                if self._in_flight >= self.limit:
+                    return False
+            self._in_flight += 1
+            return True
+
+    def release(self) -> None:
+        with self._changed:
+            self._in_flight -= 1
+            self._changed.notify()
+
+    def record(self, *, throttled: bool, seconds: float | None = None) -> None:
+        with self._changed:
+            super().record(throttled=throttled, seconds=seconds)
+
+    def _applied(self, limit: int) -> None:
+        # Called under the lock, from record(): a raised limit frees places.
+        self._changed.notify_all()
+
+    def report(self) -> dict[str, int]:
+        with self._changed:
+            return super().report()

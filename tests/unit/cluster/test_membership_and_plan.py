@@ -13,7 +13,7 @@ import pytest
 
 from cachefs.cache.base import key_hash_of, shard_of
 from cachefs.cluster.membership import Membership
-from cachefs.cluster.preload import PlannedObject, _ShardBudget, path_matches, plan
+from cachefs.cluster.planning import PlannedObject, _ShardBudget, path_matches, plan
 from cachefs.meta import Snapshot, build_snapshot
 from cachefs.protocol import SHARDS, DatasetSpec, owner_table
 from cachefs.store.base import ObjectInfo

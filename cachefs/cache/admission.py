@@ -1,0 +1,247 @@
+"""How blocks get into the TieredBlockCache: room claimed, the file written, the index entry.
+
+:class:`Admission` is the admission half of :class:`~cachefs.cache.tiered.TieredBlockCache`
+(which owns the state it declares below, and the reads, removal and bookkeeping). Two ways in:
+
+- :meth:`Admission.put`: the caller hands the bytes; the block file is written here.
+- :meth:`Admission.reserve`, then :meth:`Admission.admit_written` (or
+  :meth:`Admission.abandon`): another process — a preload fetcher — writes the file into the
+  reservation and hands back the checksums of the bytes it wrote, so a block's bytes never
+  pass through the worker process (cachefs/cluster/pipeline.py).
+
+Either way, capacity is never exceeded, even transiently: room is claimed in memory
+(``pending``) before the file is written, and turned into ``used`` when the entry is committed;
+one thread at a time stores a given key (``_in_flight``), and a second admission of a cached key
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from cachefs.cache.base import BlockKey, Reservation, checksum, chunk_checksums
+from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TotalsDelta
+from cachefs.cache.stamps import AccessStamps
+from cachefs.cache.tier import Tier, unlink_if_present
+from cachefs.errors import CachefsError
+
+log = logging.getLogger("cachefs.cache.tiered")
+
+
+class CacheClosed(CachefsError):
+    """The cache was used after close()."""
+
+
+# Eviction makes room and then claims it; a concurrent put may take the room in between.
+_MAKE_ROOM_ATTEMPTS = 3
+
+
+class Admission:
+    """The admission methods of TieredBlockCache (see the module docstring)."""
+
+    # The cache's state (set up by TieredBlockCache.__init__; counters and ``pending`` change
+    # only under ``_lock``).
+    _lock: threading.Lock
+    _nothing_in_flight: threading.Condition
+    _in_flight: dict[bytes, threading.Event]
+    _closed: bool
+    _index_dir: str
+    _index: BlockIndex
+    _stamps: AccessStamps
+    _tiers: list[Tier]
+    _tier_by_id: dict[int, Tier]
+    _tier_by_name: dict[str, Tier]
+    _evict_when_full: bool
+    _admitted: int
+    _refused: int
+
+    # What admission uses of the rest of the cache (tiered.py).
+    def locate(self, key: BlockKey) -> str | None:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _evict_oldest(self, tier: Tier, nbytes: int, source_id: int | None = None) -> int:
+        raise NotImplementedError
+
+    def _apply(self, delta: TotalsDelta) -> None:
+        raise NotImplementedError
+
+    def put(self, key: BlockKey, data: bytes) -> str | None:
+        raw = key.raw
+        other_writer = self._claim(raw)
+        if other_writer is not None:  # the same block is being stored by another thread
+            other_writer.wait()
+            return self.locate(key)
+        try:
+            value = self._index.get(raw)
+            if value is not None:  # already cached: a put is idempotent
+                return self._tier_by_id[value[0]].name
+            tier = self._room_for(len(data))
+            if tier is None:
+                return None
+            footprint = tier.footprint(len(data))
+            # From the bytes being admitted, not from the file: every later read is checked
+            # against what was handed to put().
+            block_checksum, chunk_sums = checksum(data), chunk_checksums(data)
+            file_id = self._stamps.next()
+            try:
+                tier.write_block(raw, file_id, data)
+            except OSError as exc:
+                self._give_back(tier, footprint)
+                log.warning("cache tier %r: could not write block %s: %s",
+                            tier.name, raw.hex(), exc)  # fmt: skip
+                return None
+            size = len(data)
+            return self._commit(raw, tier, size, footprint, block_checksum, chunk_sums, file_id)
+        finally:
+            self._release_claim(raw)
+
+    def _claim(self, raw: bytes) -> threading.Event | None:
+        """Become the one thread storing or moving ``raw`` (returns None), or get the event of
+        the thread that already is."""
+        with self._lock:
+            if self._closed:
+                raise CacheClosed(f"block cache {self._index_dir} is closed")
+            other_writer = self._in_flight.get(raw)
+            if other_writer is None:
+                self._in_flight[raw] = threading.Event()
+            return other_writer
+
+    def _release_claim(self, raw: bytes) -> None:
+        with self._lock:
+            self._in_flight.pop(raw).set()
+            if not self._in_flight:
+                self._nothing_in_flight.notify_all()
+
+    def _room_for(self, size: int) -> Tier | None:
+        """Claim the footprint of a ``size``-byte block in a tier, as the admission policy says
+        (evicting under lru); None (counted as refused) if there is no room."""
+        tier = self._claim_free_room(self._tiers, size)
+        if tier is None and self._evict_when_full:
+            tier = self._make_room(size)
+        if tier is None:
+            with self._lock:
+                self._refused += 1
+        return tier
+
+    def _give_back(self, tier: Tier, footprint: int) -> None:
+        with self._lock:
+            tier.pending -= footprint
+
+    def _commit(
+        self,
+        raw: bytes,
+        tier: Tier,
+        size: int,
+        footprint: int,
+        block_checksum: int,
+        chunk_sums: bytes,
+        file_id: int,
+    ) -> str:
+        """Index a block whose file is in place, turning its claimed room into used room."""
+        try:
+            with self._index.write() as writer:
+                self._stamps.write(writer)
+                entry = Entry(
+                    tier_id=tier.tier_id,
+                    reserved=self._reserved_on_admission(writer, tier, footprint),
+                    size=size,
+                    footprint=footprint,
+                    checksum=block_checksum,
+                    stamp=self._stamps.next(),
+                    file_id=file_id,
+                    chunk_checksums=chunk_sums,
+                )
+                writer.insert(raw, entry)
+        except BaseException:
+            tier.remove_block(raw, file_id)
+            self._give_back(tier, footprint)
+            raise
+        with self._lock:
+            tier.pending -= footprint
+            self._apply(writer.delta)
+            self._admitted += 1
+        return tier.name
+
+    # --- admission of blocks written by another process ------------------------------------------
+
+    def reserve(self, key: BlockKey, size: int) -> Reservation | None:
+        self._check_open()
+        tier = self._room_for(size)
+        if tier is None:
+            return None
+        raw = key.raw
+        return Reservation(raw, tier.name, tier.tmp_path(raw), size, tier.footprint(size))
+
+    def admit_written(
+        self, reservation: Reservation, block_checksum: int, chunk_sums: bytes
+    ) -> str | None:
+        raw, tier = reservation.raw, self._tier_by_name[reservation.tier]
+        other_writer = self._claim(raw)
+        if other_writer is not None:  # the same block is being stored by another thread
+            other_writer.wait()
+            self.abandon(reservation)
+            return self.locate(BlockKey(raw))
+        try:
+            value = self._index.get(raw)
+            if value is not None:  # cached meanwhile: the first admission stands
+                self.abandon(reservation)
+                return self._tier_by_id[value[0]].name
+            try:  # what the writer left must be the whole block, nothing else
+                if os.lstat(reservation.path).st_size != reservation.size:
+                    raise OSError(f"{reservation.path} is not a {reservation.size}-byte file")
+                file_id = self._stamps.next()
+                tier.place_block(reservation.path, raw, file_id)
+            except OSError as exc:
+                self.abandon(reservation)
+                log.warning("cache tier %r: written block %s not admitted: %s",
+                            tier.name, raw.hex(), exc)  # fmt: skip
+                return None
+            return self._commit(
+                raw, tier, reservation.size, reservation.footprint, block_checksum, chunk_sums,
+                file_id,
+            )  # fmt: skip
+        finally:
+            self._release_claim(raw)
+
+    def abandon(self, reservation: Reservation) -> None:
+        unlink_if_present(reservation.path)
+        self._give_back(self._tier_by_name[reservation.tier], reservation.footprint)
+
+    @staticmethod
+    def _reserved_on_admission(writer: IndexWriter, tier: Tier, footprint: int) -> bool:
+        """The first ``reserve`` bytes admitted to a tier are flagged reserved (never evicted)."""
+        reserved_used = writer.tier_totals(tier.tier_id).reserved_used
+        return tier.reserve > 0 and reserved_used + footprint <= tier.reserve
+
+    def _claim_free_room(self, tiers: list[Tier], size: int) -> Tier | None:
+        """Claim the footprint of a ``size``-byte block in the first of ``tiers`` that has it
+        free (give it back as ``tier.footprint(size)``)."""
+        with self._lock:
+            for tier in tiers:
+                footprint = tier.footprint(size)
+                if tier.free() >= footprint:
+                    tier.pending += footprint
+                    return tier
+        return None
+
+    def _make_room(self, size: int) -> Tier | None:
+        """lru policy: evict from the first tier where evicting can make room, and claim it."""
+        for tier in self._tiers:
+            footprint = tier.footprint(size)
+            for _attempt in range(_MAKE_ROOM_ATTEMPTS):
+                with self._lock:
+                    if tier.free() >= footprint:
+                        tier.pending += footprint
+                        return tier
+                    shortfall = footprint - tier.free()
+                    # Even evicting every non-reserved block would not free enough.
+                    if tier.capacity - tier.reserved_used - tier.pending < footprint:
+                        break
+                if self._evict_oldest(tier, shortfall) == 0:
+                    break
+        return None

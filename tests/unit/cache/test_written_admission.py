@@ -1,0 +1,114 @@
+"""TieredBlockCache: admitting blocks another process wrote (reserve, admit_written, abandon).
+
+The preload's fetcher processes write a block straight into a reservation's file and hand back
+its checksums (cachefs/cluster/pipeline.py); here the test writes those files itself, with the
+same function the fetchers use. Real LMDB and tier directories under tmp_path.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cachefs.cache.base import checksum, chunk_checksums
+from cachefs.cache.tier import write_new_file
+from tests.unit.cache.blockcache_helpers import BLOCK, block_data, key
+
+
+def free_room(cache, tier: str = "ram") -> int:
+    usage = next(u for u in cache.usage() if u.name == tier)
+    return usage.capacity - usage.used
+
+
+def written(cache, index: int, data: bytes):
+    """Reserve room for ``data``, write it as a fetcher would, admit it."""
+    reservation = cache.reserve(key(index), len(data))
+    assert reservation is not None
+    write_new_file(reservation.path, data)
+    return reservation, cache.admit_written(reservation, checksum(data), chunk_checksums(data))
+
+
+def test_a_written_block_reads_back_byte_for_byte_and_counts_like_a_put(make_cache):
+    cache = make_cache(ram=4 * BLOCK)
+    data = block_data(1, BLOCK - 5)
+    reservation, tier = written(cache, 1, data)
+
+    assert tier == "ram"
+    assert cache.read(key(1)) == data
+    assert not os.path.exists(reservation.path)  # renamed into place
+    assert free_room(cache) == 4 * BLOCK - reservation.footprint
+    assert cache.counters().admitted == 1
+
+
+def test_a_reservation_holds_room_until_admitted_or_abandoned(make_cache):
+    cache = make_cache(ram=2 * BLOCK)
+    first = cache.reserve(key(1), BLOCK)
+    second = cache.reserve(key(2), BLOCK)
+    assert first is not None and second is not None
+
+    assert cache.reserve(key(3), BLOCK) is None  # both blocks' room is taken: refused
+    assert cache.counters().refused == 1
+    write_new_file(second.path, block_data(2, BLOCK))  # a fetcher wrote it, then was stopped
+    cache.abandon(second)
+    cache.abandon(first)  # nothing was written for this one
+
+    assert not os.path.exists(second.path)
+    assert cache.reserve(key(3), BLOCK) is not None  # the room came back
+    assert cache.read(key(2)) is None
+
+
+def test_a_written_file_of_the_wrong_size_is_not_admitted_and_gives_its_room_back(make_cache):
+    cache = make_cache(ram=4 * BLOCK)
+    data = block_data(1, BLOCK)
+    reservation = cache.reserve(key(1), len(data))
+    write_new_file(reservation.path, data[:-1])  # torn: one byte short
+
+    assert cache.admit_written(reservation, checksum(data), chunk_checksums(data)) is None
+    assert cache.read(key(1)) is None
+    assert not os.path.exists(reservation.path)
+    assert free_room(cache) == 4 * BLOCK
+
+
+def test_a_reservation_whose_file_was_never_written_is_not_admitted(make_cache):
+    cache = make_cache(ram=4 * BLOCK)
+    reservation = cache.reserve(key(1), BLOCK)
+    data = block_data(1, BLOCK)
+
+    assert cache.admit_written(reservation, checksum(data), chunk_checksums(data)) is None
+    assert free_room(cache) == 4 * BLOCK
+
+
+def test_checksums_that_do_not_match_the_written_bytes_make_the_block_unreadable(make_cache):
+    cache = make_cache(ram=4 * BLOCK)
+    data = block_data(1, BLOCK)
+    reservation = cache.reserve(key(1), len(data))
+    write_new_file(reservation.path, data)
+    other = block_data(2, BLOCK)
+    cache.admit_written(reservation, checksum(other), chunk_checksums(other))
+
+    assert cache.read(key(1)) is None  # verified against what was recorded: dropped, never served
+    assert cache.counters().corrupt == 1
+
+
+def test_a_block_written_twice_is_admitted_once(make_cache):
+    cache = make_cache(ram=4 * BLOCK)
+    data = block_data(1, BLOCK)
+    first, tier = written(cache, 1, data)
+    second, again = written(cache, 1, data)
+
+    assert (tier, again) == ("ram", "ram")
+    assert not os.path.exists(second.path)
+    assert cache.usage()[0].blocks == 1
+    assert free_room(cache) == 4 * BLOCK - first.footprint
+    assert cache.read(key(1)) == data
+
+
+def test_a_put_and_a_written_block_of_one_key_store_it_once(make_cache):
+    cache = make_cache(ram=4 * BLOCK)
+    data = block_data(1, BLOCK)
+    reservation = cache.reserve(key(1), len(data))
+    write_new_file(reservation.path, data)
+    assert cache.put(key(1), data) == "ram"
+
+    assert cache.admit_written(reservation, checksum(data), chunk_checksums(data)) == "ram"
+    assert cache.usage()[0].blocks == 1
+    assert free_room(cache) == 4 * BLOCK - reservation.footprint
