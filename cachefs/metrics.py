@@ -77,6 +77,9 @@ class WorkerMetrics:
         self.readahead_blocks = 0  # blocks fetched ahead of sequential readers
         # object store
         self.store_requests: dict[tuple[str, str], int] = {}  # (op, outcome) -> count
+        # The preload's GETs (its fetcher processes), by outcome: the worker points this at
+        # the preloader's counters; they count in cachefs_store_requests too.
+        self.preload_gets: Callable[[], dict[str, int]] = dict
         self.store_latency = LabeledHistograms()  # op -> seconds (including retries)
         self.store_bytes = 0
         # Adaptive store concurrency per purpose ("read", "preload"): a function returning the
@@ -107,6 +110,13 @@ class WorkerMetrics:
         key = (op, outcome)
         self.store_requests[key] = self.store_requests.get(key, 0) + 1
         self.store_latency.get(op).observe(seconds)
+
+    def store_request_counts(self) -> dict[tuple[str, str], int]:
+        """Object-store requests by (op, outcome): the read path's and the preload's."""
+        counts = dict(self.store_requests)
+        for outcome, n in self.preload_gets().items():
+            counts[("get", outcome)] = counts.get(("get", outcome), 0) + n
+        return counts
 
     def cache_freed(self, dataset: str, kind: str, nbytes: int) -> None:
         key = (dataset, kind)
@@ -142,7 +152,9 @@ class WorkerMetrics:
             "misses": self.misses,
             "python_reads": self.fuse_latency.get("read").count,  # FUSE READs served here
             "peer_gets": sum(self.peer_requests.values()),
-            "store_gets": sum(n for (op, _), n in self.store_requests.items() if op == "get"),
+            "store_gets": sum(
+                n for (op, _), n in self.store_request_counts().items() if op == "get"
+            ),
         }
         if native:  # only while the native path serves (`cachefs stats` shows it then)
             counters["native_reads"] = native.get("reads", 0)
@@ -201,7 +213,7 @@ class _WorkerCollector(Collector):
         requests = CounterMetricFamily(
             "cachefs_store_requests", "Object-store requests", labels=["op", "outcome"]
         )
-        for (op, outcome), n in sorted(m.store_requests.items()):
+        for (op, outcome), n in sorted(m.store_request_counts().items()):
             requests.add_metric([op, outcome], n)
         yield requests
         yield CounterMetricFamily(

@@ -169,6 +169,7 @@ class Node(WorkerAPI):
             if routing is not None:
                 self.cluster = self._cluster_parts(routing, metrics)
                 preload_concurrency = self.cluster.preloader.concurrency
+                preload_counters = self.cluster.preloader.counters
             else:
                 self._local_preloads = LocalPreloads(
                     self.datasets,
@@ -181,7 +182,9 @@ class Node(WorkerAPI):
                 )
                 self._local_preloads.load()
                 preload_concurrency = self._local_preloads.concurrency
+                preload_counters = self._local_preloads.counters
             metrics.store_concurrency["preload"] = preload_concurrency.report
+            metrics.preload_gets = preload_counters.gets
 
             cluster = self.cluster
             self.status_report = WorkerStatus(

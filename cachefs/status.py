@@ -97,7 +97,9 @@ class WorkerStatus:
             "prefetch": self._prefetcher.status(),
             "cache": fields_of(counters),
             "store": {
-                "requests": {f"{op}:{outcome}": n for (op, outcome), n in m.store_requests.items()},
+                "requests": {
+                    f"{op}:{outcome}": n for (op, outcome), n in m.store_request_counts().items()
+                },
                 "bytes": m.store_bytes,
                 # The adaptive limits on GETs in flight, per purpose ("read", "preload").
                 "concurrency": {

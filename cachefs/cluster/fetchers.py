@@ -48,7 +48,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
-from typing import Any
+from typing import Any, NamedTuple
 
 from cachefs.cache.base import checksum, chunk_checksums
 from cachefs.cache.tier import write_new_file
@@ -95,17 +95,40 @@ class Written:
     throttled: bool
 
 
+#: Outcome labels (FetchFailed.kind) of failures that are not the store's errors.
+SHORT_READ = "ShortRead"
+CACHE_WRITE = "CacheWriteError"
+
 #: A written block's checksums as they cross the pipe: (checksum, chunk checksums).
 WrittenSums = tuple[int, bytes]
 
 
 class FetchFailed(StoreError):
-    """A fetch failed: the store's error as one line (``throttled``: it was told to slow
-    down on the way)."""
+    """A fetch failed: the store's error as one line; ``kind``, the class name of the error
+    (the outcome label of the GET in the worker's metrics); ``throttled``: the store told it
+    to slow down on the way."""
 
-    def __init__(self, cause: str, *, throttled: bool = False, **context: str):
+    def __init__(
+        self, cause: str, *, kind: str = "FetchFailed", throttled: bool = False, **context: str
+    ):
         super().__init__(cause, **context)
+        self.kind = kind
         self.throttled = throttled
+
+
+class Failure(NamedTuple):
+    """A failed fetch as it crosses the pipe: our exceptions carry keyword-only constructor
+    arguments that do not survive pickling, so the class name and the message go instead."""
+
+    kind: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failure:
+        return cls(type(exc).__name__, str(exc))
+
+    def error(self, throttled: bool) -> FetchFailed:
+        return FetchFailed(self.message, kind=self.kind, throttled=throttled)
 
 
 def _store(config: StoreConfig, lean_s3: bool) -> ObjectStore:
@@ -137,28 +160,27 @@ def fetch_range(
     etag: str,
     *,
     lean_s3: bool = LEAN_S3_GETS,
-) -> tuple[bytes | str, bool]:
-    """One GET (with the store's retries). Returns (the bytes, throttled) or (the error as a
-    string, throttled): exceptions of ours carry keyword-only constructor arguments that do
-    not survive pickling. ``throttled``: the store counted a "slow down" try meanwhile."""
+) -> tuple[bytes | Failure, bool]:
+    """One GET (with the store's retries). Returns (the bytes or the :class:`Failure`,
+    throttled): ``throttled``, the store counted a "slow down" try meanwhile."""
     try:
         # Opening can fail too (no credentials, a bad profile): the fetch fails with it.
         store = _store(config, lean_s3)
     except CachefsError as exc:
-        return str(exc), False
+        return Failure.of(exc), False
     before = throttled_tries(store)
     try:
-        data: bytes | str = store.get_range(key, offset, length, etag=etag)
+        data: bytes | Failure = store.get_range(key, offset, length, etag=etag)
     except CachefsError as exc:
-        data = str(exc)
+        data = Failure.of(exc)
     return data, throttled_tries(store) > before
 
 
 def _fetch_inline(request: FetchRequest, lean_s3: bool) -> Fetched:
     """:func:`fetch_range` as a pool thread of this process runs it (``processes=0``)."""
     data, throttled = fetch_range(*request, lean_s3=lean_s3)
-    if isinstance(data, str):
-        raise FetchFailed(data, throttled=throttled)
+    if isinstance(data, Failure):
+        raise data.error(throttled)
     return Fetched(data, throttled)
 
 
@@ -168,6 +190,7 @@ def whole(fetched: Fetched, key: str, length: int) -> Fetched:
     if len(fetched.data) != length:
         raise FetchFailed(
             f"got {len(fetched.data)} bytes for a {length}-byte range of {key!r}",
+            kind=SHORT_READ,
             throttled=fetched.throttled,
         )
     return fetched
@@ -175,28 +198,29 @@ def whole(fetched: Fetched, key: str, length: int) -> Fetched:
 
 def fetch_into(
     request: FetchRequest, path: str, *, lean_s3: bool = LEAN_S3_GETS
-) -> tuple[WrittenSums | str, bool]:
+) -> tuple[WrittenSums | Failure, bool]:
     """One GET whose bytes go to a new file at ``path`` (mode 0600) rather than back through
-    the pipe: the block's checksums, or the error as a string; and whether it was throttled.
-    A short read is an error, and leaves no file."""
+    the pipe: the block's checksums, or the :class:`Failure`; and whether it was throttled.
+    A short read is a failure, and leaves no file."""
     data, throttled = fetch_range(*request, lean_s3=lean_s3)
-    if isinstance(data, str):
+    if isinstance(data, Failure):
         return data, throttled
     _, key, _, length, _ = request
     if len(data) != length:
-        return f"got {len(data)} bytes for a {length}-byte range of {key!r}", throttled
+        message = f"got {len(data)} bytes for a {length}-byte range of {key!r}"
+        return Failure(SHORT_READ, message), throttled
     try:
         write_new_file(path, data)
     except OSError as exc:
-        return f"could not write the block to the cache: {exc}", throttled
+        return Failure(CACHE_WRITE, f"could not write the block to the cache: {exc}"), throttled
     return (checksum(data), chunk_checksums(data)), throttled
 
 
 def _fetch_into_inline(request: FetchRequest, path: str, lean_s3: bool) -> Written:
     """:func:`fetch_into` as a pool thread of this process runs it (``processes=0``)."""
     sums, throttled = fetch_into(request, path, lean_s3=lean_s3)
-    if isinstance(sums, str):
-        raise FetchFailed(sums, throttled=throttled)
+    if isinstance(sums, Failure):
+        raise sums.error(throttled)
     return Written(sums[0], sums[1], throttled)
 
 
@@ -233,15 +257,18 @@ def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
     def answer(number: int, request: FetchRequest, path: str | None) -> None:
         if path is not None:  # into a file: only the checksums go back
             sums, throttled = fetch_into(request, path, lean_s3=lean_s3)
-            error = sums if isinstance(sums, str) else None
             with send_lock:
-                conn.send((number, error, throttled, None if error else sums))
+                if isinstance(sums, Failure):
+                    conn.send((number, sums, throttled, None))
+                else:
+                    conn.send((number, None, throttled, sums))
             return
         data, throttled = fetch_range(*request, lean_s3=lean_s3)
-        error = data if isinstance(data, str) else None
         with send_lock:
-            conn.send((number, error, throttled, None))
-            if not isinstance(data, str):  # error is None: the bytes follow
+            if isinstance(data, Failure):
+                conn.send((number, data, throttled, None))
+            else:  # the bytes follow
+                conn.send((number, None, throttled, None))
                 conn.send_bytes(data)
 
     with ThreadPoolExecutor(threads, thread_name_prefix="cachefs-fetch") as pool:
@@ -299,7 +326,7 @@ class _Fetcher:
                 with self._lock:
                     future = self.pending.pop(number)
                 if error is not None:
-                    future.set_exception(FetchFailed(error, throttled=throttled))
+                    future.set_exception(error.error(throttled))
                 elif sums:
                     future.set_result(Written(sums[0], sums[1], throttled))
                 else:

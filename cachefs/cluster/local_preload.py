@@ -100,6 +100,8 @@ class LocalPreloads:
         )
         #: The adaptive limit on the preload's GETs in flight (its report is in the jobs' status).
         self.concurrency = self._preloader.concurrency
+        #: The preload's fetch totals and GETs by outcome (status document, metrics).
+        self.counters = self._preloader.counters
         self._jobs: dict[str, PreloadJob] = {}
         self._assigned: frozenset[str] | None = None  # job ids the Preloader runs; None: not yet
         self._save_limiter = trio.CapacityLimiter(1)  # one writer: the latest state wins

@@ -93,19 +93,29 @@ class BlockSource:
 
 
 class FetchCounters:
-    """The node's preload fetch totals (status document), summed over its pipelines."""
+    """The node's preload fetch totals (status document, metrics), summed over its pipelines."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.blocks = 0
         self.bytes = 0
         self.failures = 0
+        self._gets: dict[str, int] = {}  # GETs answered, by outcome: "ok" or the error's kind
 
     def add(self, *, blocks: int = 0, nbytes: int = 0, failures: int = 0) -> None:
         with self._lock:
             self.blocks += blocks
             self.bytes += nbytes
             self.failures += failures
+
+    def got(self, outcome: str) -> None:
+        with self._lock:
+            self._gets[outcome] = self._gets.get(outcome, 0) + 1
+
+    def gets(self) -> dict[str, int]:
+        """Store GETs the preload's fetchers made, by outcome (cachefs_store_requests)."""
+        with self._lock:
+            return dict(self._gets)
 
 
 class _ObjectRun:
@@ -280,10 +290,13 @@ class FetchPipeline:
             written = answer.future.result()
         except (FetchFailed, CancelledError) as exc:  # cancelled: the pool closed (stopping)
             error = str(exc) or "the fetch was cancelled (the fetcher pool closed)"
-            throttled = isinstance(exc, FetchFailed) and exc.throttled
+            if isinstance(exc, FetchFailed):
+                throttled = exc.throttled
+                self._counters.got(exc.kind)
             self._cache.abandon(reservation)  # a file the fetcher may have left goes too
         else:
             throttled = written.throttled
+            self._counters.got("ok")
             try:  # gives the room back itself when it refuses the file
                 tier = self._cache.admit_written(
                     reservation, written.checksum, written.chunk_checksums

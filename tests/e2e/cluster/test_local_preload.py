@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster_process import Cluster, read_all, total_bytes
 from tests.waiting import WAIT_S, wait_for
@@ -186,6 +187,33 @@ def test_failed_objects_are_listed_and_resume_fetches_only_them(world):
     drop_page_cache()
     assert read_all(world.worker.mount, world.objects) == []
     assert object_gets(world) == 0
+
+
+def store_gets_counted(world) -> dict[str, float]:
+    """The worker's ``cachefs_store_requests_total`` for GETs, by outcome."""
+    counted = {}
+    for family in text_string_to_metric_families(world.worker.client.metrics()):
+        for sample in family.samples:
+            if sample.name == "cachefs_store_requests_total" and sample.labels["op"] == "get":
+                counted[sample.labels["outcome"]] = sample.value
+    return counted
+
+
+def test_the_preloads_gets_count_in_the_workers_store_requests_by_outcome(world):
+    """The fetcher processes' GETs count in the worker's metrics as the read path's do: one
+    per block fetched, and every refused one under its error's class — as many as reached the
+    store (a flaky object fails at its first refused block; blocks of it already asked for are
+    refused too). Nothing is read through the mount here."""
+    flaky = under(world.objects, "flaky/")
+    world.proxy.fail_matching("/ds/flaky/", 403, code="AccessDenied", method="GET")
+    done = preload(world, "ds", "--wait")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert status(world)["failed_count"] == len(flaky)
+    fetched = blocks({key: data for key, data in world.objects.items() if key not in flaky})
+    refused = object_gets(world, "flaky/")
+    assert refused >= len(flaky)
+    assert store_gets_counted(world) == {"ok": fetched, "StoreAuthError": refused}
+    assert fetched + refused == object_gets(world)
 
 
 def test_cancel_exits_0_and_resume_finishes_what_it_left(world):

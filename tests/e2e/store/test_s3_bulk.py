@@ -253,6 +253,7 @@ def test_no_credentials_at_all_give_s3stores_line(auth_server, monkeypatch):
     assert isinstance(lean, StoreAuthError) and "AWS_ACCESS_KEY_ID" in str(lean)
     # The same line but for the key (none named when opening).
     assert (lean.cause, lean.dataset, lean.store) == (sdk.cause, sdk.dataset, sdk.store)
-    # A fetcher answers a fetch with that line (it does not hang on a store it cannot open).
+    # A fetcher answers a fetch with that line and its kind (it does not hang on a store it
+    # cannot open).
     data, throttled = fetchers.fetch_range(config, "file.txt", 0, 5, "etag", lean_s3=True)
-    assert data == str(lean) and not throttled
+    assert data == fetchers.Failure("StoreAuthError", str(lean)) and not throttled
