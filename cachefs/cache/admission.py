@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from cachefs.cache.base import BlockKey, Reservation, checksum, chunk_checksums
 from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TotalsDelta
@@ -36,6 +38,18 @@ class CacheClosed(CachefsError):
 
 # Eviction makes room and then claims it; a concurrent put may take the room in between.
 _MAKE_ROOM_ATTEMPTS = 3
+
+
+class _Placed(NamedTuple):
+    """A block whose file is in place in its tier, about to be indexed."""
+
+    raw: bytes
+    tier: Tier
+    size: int
+    footprint: int
+    checksum: int
+    chunk_sums: bytes
+    file_id: int
 
 
 class Admission:
@@ -95,8 +109,9 @@ class Admission:
                 log.warning("cache tier %r: could not write block %s: %s",
                             tier.name, raw.hex(), exc)  # fmt: skip
                 return None
-            size = len(data)
-            return self._commit(raw, tier, size, footprint, block_checksum, chunk_sums, file_id)
+            self._commit([_Placed(raw, tier, len(data), footprint, block_checksum, chunk_sums,
+                                  file_id)])  # fmt: skip
+            return tier.name
         finally:
             self._release_claim(raw)
 
@@ -132,40 +147,34 @@ class Admission:
         with self._lock:
             tier.pending -= footprint
 
-    def _commit(
-        self,
-        raw: bytes,
-        tier: Tier,
-        size: int,
-        footprint: int,
-        block_checksum: int,
-        chunk_sums: bytes,
-        file_id: int,
-    ) -> str:
-        """Index a block whose file is in place, turning its claimed room into used room."""
+    def _commit(self, placed: Sequence[_Placed]) -> None:
+        """Index blocks whose files are in place, in one transaction, turning their claimed
+        room into used room; on failure their files go and their room is given back."""
         try:
             with self._index.write() as writer:
                 self._stamps.write(writer)
-                entry = Entry(
-                    tier_id=tier.tier_id,
-                    reserved=self._reserved_on_admission(writer, tier, footprint),
-                    size=size,
-                    footprint=footprint,
-                    checksum=block_checksum,
-                    stamp=self._stamps.next(),
-                    file_id=file_id,
-                    chunk_checksums=chunk_sums,
-                )
-                writer.insert(raw, entry)
+                for block in placed:
+                    entry = Entry(
+                        tier_id=block.tier.tier_id,
+                        reserved=self._reserved_on_admission(writer, block.tier, block.footprint),
+                        size=block.size,
+                        footprint=block.footprint,
+                        checksum=block.checksum,
+                        stamp=self._stamps.next(),
+                        file_id=block.file_id,
+                        chunk_checksums=block.chunk_sums,
+                    )
+                    writer.insert(block.raw, entry)
         except BaseException:
-            tier.remove_block(raw, file_id)
-            self._give_back(tier, footprint)
+            for block in placed:
+                block.tier.remove_block(block.raw, block.file_id)
+                self._give_back(block.tier, block.footprint)
             raise
         with self._lock:
-            tier.pending -= footprint
+            for block in placed:
+                block.tier.pending -= block.footprint
             self._apply(writer.delta)
-            self._admitted += 1
-        return tier.name
+            self._admitted += len(placed)
 
     # --- admission of blocks written by another process ------------------------------------------
 
@@ -180,33 +189,60 @@ class Admission:
     def admit_written(
         self, reservation: Reservation, block_checksum: int, chunk_sums: bytes
     ) -> str | None:
-        raw, tier = reservation.raw, self._tier_by_name[reservation.tier]
-        other_writer = self._claim(raw)
-        if other_writer is not None:  # the same block is being stored by another thread
-            other_writer.wait()
-            self.abandon(reservation)
-            return self.locate(BlockKey(raw))
+        return self.admit_written_many([(reservation, block_checksum, chunk_sums)])[0]
+
+    def admit_written_many(
+        self, written: Sequence[tuple[Reservation, int, bytes]]
+    ) -> list[str | None]:
+        """:meth:`admit_written` for several blocks (reservation, checksum, chunk checksums),
+        their index entries committed in one transaction: the tier each went to, or None."""
+        results: list[str | None] = [None] * len(written)
+        claimed: dict[bytes, int] = {}  # key -> its place in ``written``: stored by this call
+        duplicates: list[tuple[int, bytes]] = []  # a key twice in the batch: the first stands
+        placed: list[_Placed] = []
         try:
-            value = self._index.get(raw)
-            if value is not None:  # cached meanwhile: the first admission stands
-                self.abandon(reservation)
-                return self._tier_by_id[value[0]].name
-            try:  # what the writer left must be the whole block, nothing else
-                if os.lstat(reservation.path).st_size != reservation.size:
-                    raise OSError(f"{reservation.path} is not a {reservation.size}-byte file")
-                file_id = self._stamps.next()
-                tier.place_block(reservation.path, raw, file_id)
-            except OSError as exc:
-                self.abandon(reservation)
-                log.warning("cache tier %r: written block %s not admitted: %s",
-                            tier.name, raw.hex(), exc)  # fmt: skip
-                return None
-            return self._commit(
-                raw, tier, reservation.size, reservation.footprint, block_checksum, chunk_sums,
-                file_id,
-            )  # fmt: skip
+            for place, (reservation, block_checksum, chunk_sums) in enumerate(written):
+                raw, tier = reservation.raw, self._tier_by_name[reservation.tier]
+                if raw in claimed:
+                    self.abandon(reservation)
+                    duplicates.append((place, raw))
+                    continue
+                other_writer = self._claim(raw)
+                if other_writer is not None:  # the same block is being stored by another thread
+                    other_writer.wait()
+                    self.abandon(reservation)
+                    results[place] = self.locate(BlockKey(raw))
+                    continue
+                claimed[raw] = place
+                value = self._index.get(raw)
+                if value is not None:  # cached meanwhile: the first admission stands
+                    self.abandon(reservation)
+                    results[place] = self._tier_by_id[value[0]].name
+                    continue
+                try:  # what the writer left must be the whole block, nothing else
+                    if os.lstat(reservation.path).st_size != reservation.size:
+                        raise OSError(f"{reservation.path} is not a {reservation.size}-byte file")
+                    file_id = self._stamps.next()
+                    tier.place_block(reservation.path, raw, file_id)
+                except OSError as exc:
+                    self.abandon(reservation)
+                    log.warning("cache tier %r: written block %s not admitted: %s",
+                                tier.name, raw.hex(), exc)  # fmt: skip
+                    continue
+                size, footprint = reservation.size, reservation.footprint
+                placed.append(
+                    _Placed(raw, tier, size, footprint, block_checksum, chunk_sums, file_id)
+                )
+            if placed:
+                self._commit(placed)
+                for block in placed:
+                    results[claimed[block.raw]] = block.tier.name
+            for place, raw in duplicates:
+                results[place] = results[claimed[raw]]
         finally:
-            self._release_claim(raw)
+            for raw in claimed:
+                self._release_claim(raw)
+        return results
 
     def abandon(self, reservation: Reservation) -> None:
         unlink_if_present(reservation.path)

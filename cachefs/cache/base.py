@@ -16,7 +16,7 @@ else from worker threads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -259,6 +259,13 @@ class BlockCache(Protocol):
         """Admit the block file written for ``reservation``, with the checksums of the bytes
         written (:func:`checksum`, :func:`chunk_checksums`): the tier it went to, or None if its
         file is missing or has the wrong size (the room is given back). Idempotent like put."""
+        ...
+
+    def admit_written_many(
+        self, written: Sequence[tuple[Reservation, int, bytes]]
+    ) -> list[str | None]:
+        """:meth:`admit_written` for several blocks (reservation, checksum, chunk checksums),
+        indexed in one transaction: the tier each went to, or None."""
         ...
 
     def abandon(self, reservation: Reservation) -> None:

@@ -233,7 +233,7 @@ class FetchPipeline:
                         if stop.is_set():
                             return
                         if outstanding:
-                            outstanding -= self._admit_next(inbox, STOP_POLL_S)
+                            outstanding -= self._admit_ready(inbox, STOP_POLL_S)
                     began = time.perf_counter()
                     try:
                         started = self._start(key, obj, start, length, source.config)
@@ -246,12 +246,11 @@ class FetchPipeline:
                     started.future.add_done_callback(
                         partial(inbox.deliver, run, started.reservation, began)
                     )
-                    while self._admit_next(inbox, None):  # what came in meanwhile
-                        outstanding -= 1
+                    outstanding -= self._admit_ready(inbox, None)  # what came in meanwhile
                 run.submitted = True
                 self._finish(run)
             while outstanding and not stop.is_set():
-                outstanding -= self._admit_next(inbox, STOP_POLL_S)
+                outstanding -= self._admit_ready(inbox, STOP_POLL_S)
         finally:
             inbox.close()  # stopped: answers still to come are dropped, their room given back
             for _ in range(outstanding):  # ... and their places under the limit
@@ -273,46 +272,57 @@ class FetchPipeline:
             raise
         return _Started(future, reservation)
 
-    def _admit_next(self, inbox: _Inbox, timeout: float | None) -> int:
-        """Admit the next answer, waiting up to ``timeout`` for it; how many (0 or 1)."""
+    def _admit_ready(self, inbox: _Inbox, timeout: float | None) -> int:
+        """Admit the answers in, waiting up to ``timeout`` for the first (None: not at all);
+        how many. Their blocks are indexed in one transaction (an LMDB commit per batch,
+        not per block)."""
+        answers = []
         answer = inbox.next(timeout)
-        if answer is None:
-            return 0
-        self._admit(answer)
-        return 1
+        while answer is not None:
+            answers.append(answer)
+            answer = inbox.next(None)
+        if answers:
+            self._admit(answers)
+        return len(answers)
 
-    def _admit(self, answer: _Answer) -> None:
-        """One answer: its block into the cache (or its object failed), its place given back."""
-        run, reservation = answer.run, answer.reservation
-        throttled = False
-        error: str | None = None
-        try:
-            written = answer.future.result()
-        except (FetchFailed, CancelledError) as exc:  # cancelled: the pool closed (stopping)
-            error = str(exc) or "the fetch was cancelled (the fetcher pool closed)"
-            if isinstance(exc, FetchFailed):
-                throttled = exc.throttled
-                self._counters.got(exc.kind)
-            self._cache.abandon(reservation)  # a file the fetcher may have left goes too
-        else:
-            throttled = written.throttled
-            self._counters.got("ok")
-            try:  # gives the room back itself when it refuses the file
-                tier = self._cache.admit_written(
-                    reservation, written.checksum, written.chunk_checksums
-                )
-            except CachefsError as exc:
-                error = str(exc)
+    def _admit(self, answers: list[_Answer]) -> None:
+        """Answers: their blocks into the cache (or their objects failed), places given back."""
+        fetched: list[tuple[_Answer, Written]] = []
+        for answer in answers:
+            try:
+                written = answer.future.result()
+            except (FetchFailed, CancelledError) as exc:  # cancelled: the pool closed (stopping)
+                throttled = False
+                if isinstance(exc, FetchFailed):
+                    throttled = exc.throttled
+                    self._counters.got(exc.kind)
+                self._cache.abandon(answer.reservation)  # a file the fetcher left goes too
+                error = str(exc) or "the fetch was cancelled (the fetcher pool closed)"
+                self._settle(answer, error, throttled)
             else:
-                if tier is None:
-                    error = "the block the fetcher wrote could not be admitted"
+                self._counters.got("ok")
+                fetched.append((answer, written))
+        if not fetched:
+            return
+        batch = [(a.reservation, w.checksum, w.chunk_checksums) for a, w in fetched]
+        try:  # gives the room back itself for each file it refuses
+            tiers: list[str | None] = self._cache.admit_written_many(batch)
+            refused = "the block the fetcher wrote could not be admitted"
+        except CachefsError as exc:
+            tiers, refused = [None] * len(fetched), str(exc)
+        for (answer, written), tier in zip(fetched, tiers, strict=True):
+            self._settle(answer, None if tier is not None else refused, written.throttled)
+
+    def _settle(self, answer: _Answer, error: str | None, throttled: bool) -> None:
+        """One answer dealt with: its place under the limit given back, its object counted."""
         # The latency too: past the store's own, requests queue here (threads, CPU), and the
         # limit comes down (cachefs/store/concurrency.py).
         self._concurrency.record(throttled=throttled, seconds=time.perf_counter() - answer.began)
         self._concurrency.release()
+        run = answer.run
         run.outstanding -= 1
         if error is None:
-            self._counters.add(blocks=1, nbytes=reservation.size)
+            self._counters.add(blocks=1, nbytes=answer.reservation.size)
         else:
             self._failed(run, error)
         self._finish(run)

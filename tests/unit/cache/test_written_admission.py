@@ -112,3 +112,33 @@ def test_a_put_and_a_written_block_of_one_key_store_it_once(make_cache):
     assert cache.admit_written(reservation, checksum(data), chunk_checksums(data)) == "ram"
     assert cache.usage()[0].blocks == 1
     assert free_room(cache) == 4 * BLOCK - reservation.footprint
+
+
+def test_a_batch_is_admitted_block_by_block_and_a_bad_file_fails_alone(make_cache):
+    cache = make_cache(ram=8 * BLOCK)
+    datas = [block_data(i, BLOCK - i) for i in range(4)]
+    reservations = [cache.reserve(key(i), len(data)) for i, data in enumerate(datas)]
+    for i, (reservation, data) in enumerate(zip(reservations, datas, strict=True)):
+        write_new_file(reservation.path, data if i != 2 else data[:10])  # block 2 is torn
+    batch = [(r, checksum(d), chunk_checksums(d)) for r, d in zip(reservations, datas, strict=True)]
+
+    assert cache.admit_written_many(batch) == ["ram", "ram", None, "ram"]
+    for i in (0, 1, 3):
+        assert cache.read(key(i)) == datas[i]
+    assert cache.read(key(2)) is None
+    assert cache.usage()[0].blocks == 3
+    assert free_room(cache) == 8 * BLOCK - sum(reservations[i].footprint for i in (0, 1, 3))
+
+
+def test_a_key_twice_in_one_batch_is_admitted_once(make_cache):
+    cache = make_cache(ram=8 * BLOCK)
+    data = block_data(1, BLOCK)
+    first, second = cache.reserve(key(1), len(data)), cache.reserve(key(1), len(data))
+    for reservation in (first, second):
+        write_new_file(reservation.path, data)
+    sums = (checksum(data), chunk_checksums(data))
+
+    assert cache.admit_written_many([(first, *sums), (second, *sums)]) == ["ram", "ram"]
+    assert cache.usage()[0].blocks == 1
+    assert free_room(cache) == 8 * BLOCK - first.footprint
+    assert not os.path.exists(second.path)
