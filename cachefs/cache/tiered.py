@@ -8,7 +8,9 @@ Where things live:
 
 Capacity is never exceeded, even transiently: a put first claims room in memory (``pending``),
 then writes the file, then commits the index entry and turns the claim into ``used``; removals
-unlink the file before giving the room back. Room is counted in footprints (sizes rounded up to
+unlink the file before giving the room back. Admission — ``put``, and blocks another process
+writes into a reservation — is the :class:`~cachefs.cache.admission.Admission` half of the
+class, in ``admission.py``. Room is counted in footprints (sizes rounded up to
 the tier filesystem's allocation unit, ``tier.py``), so ``du`` of a RAM tier stays within it.
 
 Integrity: at admission the xxh3_64 of every ``CHUNK_SIZE`` chunk of a block (and of the whole
