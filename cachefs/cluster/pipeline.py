@@ -170,12 +170,13 @@ class _Inbox:
                 return
         self._cache.abandon(reservation)
 
-    def next(self, timeout: float | None) -> _Answer | None:
-        """The next answer: waiting up to ``timeout`` seconds (None: not at all), else None."""
+    def next(self, wait_s: float = 0.0) -> _Answer | None:
+        """The next answer, waiting up to ``wait_s`` seconds for one (0: not at all); None if
+        there is none."""
         try:
-            if timeout is None:
-                return self._answers.get_nowait()
-            return self._answers.get(timeout=timeout)
+            if wait_s > 0:
+                return self._answers.get(timeout=wait_s)
+            return self._answers.get_nowait()
         except queue.Empty:
             return None
 
@@ -184,7 +185,7 @@ class _Inbox:
         ones as they arrive."""
         with self._lock:
             self._closed = True
-        while (answer := self.next(None)) is not None:
+        while (answer := self.next()) is not None:
             self._cache.abandon(answer.reservation)
 
 
@@ -246,7 +247,7 @@ class FetchPipeline:
                     started.future.add_done_callback(
                         partial(inbox.deliver, run, started.reservation, began)
                     )
-                    outstanding -= self._admit_ready(inbox, None)  # what came in meanwhile
+                    outstanding -= self._admit_ready(inbox, 0.0)  # what came in meanwhile
                 run.submitted = True
                 self._finish(run)
             while outstanding and not stop.is_set():
@@ -272,15 +273,15 @@ class FetchPipeline:
             raise
         return _Started(future, reservation)
 
-    def _admit_ready(self, inbox: _Inbox, timeout: float | None) -> int:
-        """Admit the answers in, waiting up to ``timeout`` for the first (None: not at all);
-        how many. Their blocks are indexed in one transaction (an LMDB commit per batch,
+    def _admit_ready(self, inbox: _Inbox, wait_s: float) -> int:
+        """Admit the answers in, waiting up to ``wait_s`` for the first (0: not at all); how
+        many. Their blocks are indexed in one transaction (an LMDB commit per batch,
         not per block)."""
         answers = []
-        answer = inbox.next(timeout)
+        answer = inbox.next(wait_s)
         while answer is not None:
             answers.append(answer)
-            answer = inbox.next(None)
+            answer = inbox.next()
         if answers:
             self._admit(answers)
         return len(answers)
@@ -334,13 +335,12 @@ class FetchPipeline:
             run.progress.fail(run.obj.key, error)
 
     def _finish(self, run: _ObjectRun) -> None:
-        if run.submitted and not run.outstanding and not run.failed and not run.finished:
+        if run.submitted and not run.outstanding and not run.finished:  # a failed one is finished
             run.finished = True
             run.progress.done(run.obj)
 
     def _verified(self, key: BlockKey, length: int) -> bool:
         """Whether the block is cached and whole: a full read checks every checksum (a bad
-        block is dropped there, and fetched again here)."""
-        if self._cache.locate(key) is None:
-            return False
+        block is dropped there, and fetched again here). One index lookup: a block that is not
+        cached reads as None."""
         return self._cache.read(key, 0, length) is not None
