@@ -22,7 +22,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -144,17 +143,17 @@ class Attempt:
         self.number = number  # 1 for the first try of a read
         self.began_at: float | None = None  # when a pool thread took it up
         self.answered = False  # its first byte came
-        self._abandoned = threading.Event()
+        self.abandoned = False  # it lost; the caller set this, the try's thread reads it
 
     def first_byte(self) -> None:
         self.answered = True
 
     def check_abandoned(self) -> None:
-        if self._abandoned.is_set():
+        if self.abandoned:
             raise AttemptAbandoned(f"try {self.number} lost")
 
     def abandon(self) -> None:
-        self._abandoned.set()
+        self.abandoned = True
 
     def silent_for(self, now: float) -> float:
         """How long it has waited for its first byte (0 if it answered or has not begun)."""
@@ -180,8 +179,86 @@ _CLOSED = _Outcome(attempt=None)
 _NOT_BEGUN_POLL_S = 0.05
 
 
+#: One try waiting for a thread: the read, its Attempt, where its outcome goes.
+_Try = tuple[Callable[[Attempt], Any], Attempt, "queue.SimpleQueue[_Outcome]"]
+
+
+class _TryThreads:
+    """The threads that run the tries of one store's reads: a queue of tries and up to
+    ``limit`` threads that take them, started when a try finds none idle and kept after.
+
+    Lighter than a ThreadPoolExecutor, which a try used before: no Future and no done-callback
+    per try, one queue put to hand a try over (a hedged read whose try returns at once cost
+    73 us of CPU with it, 39 us now: bench/README.md, "Where a cold small file's worker CPU
+    goes"). Every try put on the queue is claimed when it is put: by
+    an idle thread, by a thread started for it, or, when ``limit`` threads are all busy, by
+    the next thread to finish (``_unclaimed``), so a try never waits while a thread idles.
+    """
+
+    def __init__(
+        self, limit: int, name: str, run: Callable[..., None], dropped: Callable[[], None]
+    ):
+        self._limit = limit
+        self._name = name
+        self._run = run  # run(read, attempt, outcomes): one try, on a thread of ours
+        self._dropped = dropped  # called once for every try close() takes off the queue
+        self._tries: queue.SimpleQueue[_Try | None] = queue.SimpleQueue()  # None: stop
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0  # threads waiting on the queue, not claimed by a try yet
+        self._unclaimed = 0  # tries queued while every thread was busy
+        self._closed = False
+
+    def submit(self, one_try: _Try) -> None:
+        """Queue a try; RuntimeError once :meth:`close` was called."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the store's read threads are closed")
+            start = False
+            if self._idle:
+                self._idle -= 1
+            elif self._threads < self._limit:
+                self._threads += 1
+                start = True
+            else:
+                self._unclaimed += 1
+            self._tries.put(one_try)
+        if start:
+            name = f"{self._name}_{self._threads}"
+            threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def close(self) -> None:
+        """Take the tries not begun off the queue (each one ``dropped``) and let every thread
+        end once its try has ended."""
+        with self._lock:
+            self._closed = True
+            threads = self._threads
+        while True:
+            try:
+                one_try = self._tries.get_nowait()
+            except queue.Empty:
+                break
+            if one_try is not None:
+                self._dropped()
+        for _ in range(threads):
+            self._tries.put(None)
+
+    def _serve(self) -> None:
+        while True:
+            one_try = self._tries.get()
+            if one_try is None:
+                return
+            self._run(*one_try)
+            del one_try  # its result may be large: not kept while this thread idles
+            with self._lock:
+                if self._unclaimed:
+                    self._unclaimed -= 1
+                else:
+                    self._idle += 1
+
+
 class HedgedReads:
-    """Runs reads as hedged tries on a thread pool it owns (one per store).
+    """Runs reads as hedged tries on threads it owns (one set per store).
 
     For each read, under ``policy`` (all numbers from :class:`~cachefs.store.base.RetryPolicy`):
 
@@ -218,7 +295,7 @@ class HedgedReads:
         jitter: Callable[[], float] = random.random,
     ):
         self.policy = policy
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._threads = _TryThreads(threads, name, self._run, self._ended)
         self._jitter = jitter  # for tests
         self._lock = threading.Lock()
         self._in_flight = 0
@@ -250,7 +327,7 @@ class HedgedReads:
             waiting, self._waiting = self._waiting, set()
         for outcomes in waiting:
             outcomes.put(_CLOSED)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._threads.close()
 
     def call(
         self,
@@ -284,19 +361,14 @@ class HedgedReads:
         with self._lock:
             self._in_flight += 1
         try:
-            future = self._pool.submit(self._run, read, attempt, outcomes)
-        except RuntimeError:  # the pool is shut down: the store was closed
+            self._threads.submit((read, attempt, outcomes))
+        except RuntimeError:  # closed: the store was closed
             self._ended()
             raise
-        future.add_done_callback(self._dropped_if_cancelled)
-
-    def _dropped_if_cancelled(self, future: Future[None]) -> None:
-        """A try :meth:`close` dropped from the pool's queue never runs :meth:`_run`: it ends
-        here (its read was told by :meth:`close` already)."""
-        if future.cancelled():
-            self._ended()
 
     def _ended(self) -> None:
+        """A try ended: it ran (:meth:`_run`), or :meth:`close` took it off the queue before
+        it began (its read was told by :meth:`close` already)."""
         with self._lock:
             self._in_flight -= 1
 
@@ -374,7 +446,7 @@ class _OneRead(Generic[T]):
             attempt = Attempt(self.tries)
             try:
                 self.reads._launch(self.read, attempt, self.outcomes)
-            except RuntimeError:  # its pool is shut down: a read racing the dataset's removal
+            except RuntimeError:  # its threads are closed: a read racing the dataset's removal
                 raise self.stalled("the store was closed") from None
             self.live.append(attempt)
 

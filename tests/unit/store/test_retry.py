@@ -9,6 +9,7 @@ servers are exercised in test_s3.py, test_oss.py and test_stalls.py.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -24,6 +25,7 @@ from cachefs.store.retry import (
     Attempt,
     HedgedReads,
     ShortBody,
+    _TryThreads,
     call_with_retries,
     check_body_length,
     network_failure_cause,
@@ -444,3 +446,82 @@ def test_a_refused_connection_is_unreachable_not_a_timeout():
     assert network_failure_cause(refused) == (
         "the store is unreachable: Connection refused (NewConnectionError)"
     )
+
+
+class RecordingTries:
+    """What _TryThreads runs: each try records the thread that ran it and waits for ``go``."""
+
+    def __init__(self):
+        self.go = threading.Event()
+        self.lock = threading.Lock()
+        self.running = 0
+        self.ran: list[str] = []
+        self.dropped = 0
+
+    def run(self, read, attempt, outcomes) -> None:
+        with self.lock:
+            self.running += 1
+        assert self.go.wait(WAIT_S), "the test never let the tries end"
+        with self.lock:
+            self.running -= 1
+            self.ran.append(threading.current_thread().name)
+        outcomes.put(read(attempt))
+
+    def drop(self) -> None:
+        self.dropped += 1
+
+
+def try_threads(name: str, limit: int, tries: RecordingTries) -> _TryThreads:
+    return _TryThreads(limit, name, tries.run, tries.drop)
+
+
+def alive(prefix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+def test_tries_past_the_thread_limit_wait_for_a_thread_and_all_run():
+    tries = RecordingTries()
+    threads = try_threads("test-limit", 2, tries)
+    outcomes: queue.SimpleQueue = queue.SimpleQueue()
+    for number in range(1, 6):
+        threads.submit((lambda attempt: attempt.number, Attempt(number), outcomes))
+
+    wait_for(lambda: tries.running == 2, "two tries to run")
+    assert len(alive("test-limit_")) == 2
+    tries.go.set()
+    assert sorted(outcomes.get(timeout=WAIT_S) for _ in range(5)) == [1, 2, 3, 4, 5]
+    assert len(alive("test-limit_")) == 2
+    threads.close()
+    wait_for(lambda: not alive("test-limit_"), "the threads to end once closed")
+
+
+def test_an_idle_thread_takes_the_next_try():
+    tries = RecordingTries()
+    tries.go.set()
+    threads = try_threads("test-idle", 8, tries)
+    outcomes: queue.SimpleQueue = queue.SimpleQueue()
+    for number in range(1, 21):  # one at a time: a thread is idle each time
+        threads.submit((lambda attempt: attempt.number, Attempt(number), outcomes))
+        assert outcomes.get(timeout=WAIT_S) == number
+
+    assert set(tries.ran) == {"test-idle_1"}
+    threads.close()
+    wait_for(lambda: not alive("test-idle_"), "the thread to end once closed")
+
+
+def test_closing_drops_the_tries_not_begun_and_refuses_new_ones():
+    tries = RecordingTries()
+    threads = try_threads("test-close", 1, tries)
+    outcomes: queue.SimpleQueue = queue.SimpleQueue()
+    for number in range(1, 4):
+        threads.submit((lambda attempt: attempt.number, Attempt(number), outcomes))
+    wait_for(lambda: tries.running == 1, "the first try to run")
+
+    threads.close()
+    assert tries.dropped == 2  # the two still queued; the running one ends on its own
+    with pytest.raises(RuntimeError, match="closed"):
+        threads.submit((lambda attempt: 0, Attempt(9), outcomes))
+    tries.go.set()
+    assert outcomes.get(timeout=WAIT_S) == 1
+    wait_for(lambda: not alive("test-close_"), "the thread to end once its try ended")
+    assert outcomes.empty()
