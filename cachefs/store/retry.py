@@ -200,7 +200,7 @@ class _TryThreads:
     ):
         self._limit = limit
         self._name = name
-        self._run = run  # run(read, attempt, outcomes): one try, on a thread of ours
+        self._run = run  # run(read, attempt, outcomes): one try, on a thread of ours; never raises
         self._dropped = dropped  # called once for every try close() takes off the queue
         self._tries: queue.SimpleQueue[_Try | None] = queue.SimpleQueue()  # None: stop
         self._lock = threading.Lock()
@@ -214,18 +214,18 @@ class _TryThreads:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the store's read threads are closed")
-            start = False
+            start = None
             if self._idle:
                 self._idle -= 1
             elif self._threads < self._limit:
                 self._threads += 1
-                start = True
+                start = f"{self._name}_{self._threads}"
             else:
                 self._unclaimed += 1
             self._tries.put(one_try)
-        if start:
-            name = f"{self._name}_{self._threads}"
-            threading.Thread(target=self._serve, name=name, daemon=True).start()
+        if start is not None:
+            # A daemon: a try stuck in a silent socket must not hold up the process's exit.
+            threading.Thread(target=self._serve, name=start, daemon=True).start()
 
     def close(self) -> None:
         """Take the tries not begun off the queue (each one ``dropped``) and let every thread
