@@ -102,6 +102,11 @@ class Tier:
         self.open_files = OpenBlockFiles(open_files_limit, self.block_path)
         # Called with a block's file id before its file is removed (TieredBlockCache.on_remove).
         self.before_remove: Callable[[int], None] | None = None
+        # One flag per <d0>/<d1> directory: made (or found) by this process. In a fresh tier
+        # nearly every block is the first in its directory, for the first tens of thousands of
+        # blocks: one mkdir before the rename costs less than a rename that fails, a stat and
+        # makedirs (bench/README.md, "Where a cold small file's worker CPU goes").
+        self._fanout_made = bytearray(1 << 16)
 
     def free(self) -> int:
         return self.capacity - self.used - self.pending
@@ -138,12 +143,17 @@ class Tier:
     def place_block(self, tmp_path: str, raw: bytes, file_id: int) -> None:
         """Rename a whole block file from the tmp directory into its place."""
         final_path = self.block_path(raw, file_id)
+        fanout = int.from_bytes(raw[_DIGEST_OFFSET : _DIGEST_OFFSET + 2], "big")
+        if not self._fanout_made[fanout]:
+            _make_fanout_dir(os.path.dirname(final_path))
+            self._fanout_made[fanout] = 1
         try:
             os.rename(tmp_path, final_path)
         except FileNotFoundError:
+            # The directory went away under us (not cachefs's doing): make it again.
             if not os.path.exists(tmp_path):
                 raise
-            os.makedirs(os.path.dirname(final_path), mode=0o700, exist_ok=True)  # first in it
+            os.makedirs(os.path.dirname(final_path), mode=0o700, exist_ok=True)
             os.rename(tmp_path, final_path)
 
     def remove_block(self, raw: bytes, file_id: int) -> None:
@@ -213,6 +223,16 @@ def _read_old_marker(path: str) -> str | None:
     except FileNotFoundError:
         return None
     return instance_id if _INSTANCE_ID.fullmatch(instance_id) else None
+
+
+def _make_fanout_dir(path: str) -> None:
+    """Make ``<root>/<d0>/<d1>`` and, if needed, ``<root>/<d0>``; existing ones are fine."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:  # <d0> is new too
+        os.makedirs(path, mode=0o700, exist_ok=True)
 
 
 def _create_empty(path: str) -> None:

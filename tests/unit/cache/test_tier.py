@@ -1,0 +1,55 @@
+"""A tier's block files on disk: where a block lands, and the fan-out directories it needs
+(made before the first block goes into them, and made again if they vanish under the tier)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from cachefs.cache.base import KEY_LEN
+from cachefs.cache.tier import Tier, TierConfig, prepare_directory
+
+
+def raw_key(d0: int, d1: int, number: int) -> bytes:
+    """A key whose digest starts with the bytes ``d0``, ``d1`` (its fan-out directories)."""
+    source_and_shard = bytes(10)
+    return source_and_shard + bytes([d0, d1]) + number.to_bytes(KEY_LEN - 12, "big")
+
+
+def new_tier(path) -> Tier:
+    prepare_directory(str(path))
+    return Tier(TierConfig("ram", str(path), 1 << 30), tier_id=0)
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_blocks_land_in_fanout_directories_made_as_they_are_needed(tmp_path):
+    tier = new_tier(tmp_path)
+    fanouts = [(0xAB, 0x01), (0xAB, 0x02), (0xAB, 0x01), (0x00, 0xFF)]
+    for file_id, (d0, d1) in enumerate(fanouts, start=1):
+        tier.write_block(raw_key(d0, d1, file_id), file_id, b"block %d" % file_id)
+
+    for file_id, (d0, d1) in enumerate(fanouts, start=1):
+        path = tier.block_path(raw_key(d0, d1, file_id), file_id)
+        assert os.path.dirname(path) == f"{tmp_path}/{d0:02x}/{d1:02x}"
+        assert read(path) == b"block %d" % file_id
+    assert sorted(os.listdir(tmp_path / "ab")) == ["01", "02"]
+    assert os.listdir(tmp_path / "00") == ["ff"]
+    assert os.listdir(tmp_path / "tmp") == []  # every block renamed out of it
+
+
+def test_a_fanout_directory_removed_under_the_tier_is_made_again(tmp_path):
+    tier = new_tier(tmp_path)
+    first = raw_key(0x12, 0x34, 1)
+    tier.write_block(first, 1, b"one")
+    tier.remove_block(first, 1)
+    shutil.rmtree(tmp_path / "12")  # not cachefs's doing: the tier still thinks it is there
+
+    second = raw_key(0x12, 0x34, 2)
+    tier.write_block(second, 2, b"two")
+
+    assert read(tier.block_path(second, 2)) == b"two"
+    assert os.listdir(tmp_path / "tmp") == []
