@@ -199,6 +199,9 @@ class Admission:
         results: list[str | None] = [None] * len(written)
         claimed: dict[bytes, int] = {}  # key -> its place in ``written``: stored by this call
         duplicates: list[tuple[int, bytes]] = []  # a key twice in the batch: the first stands
+        # Keys another thread is storing: waited for once this call's own claims are released
+        # (waiting while holding them could deadlock with a batch that waits for one of ours).
+        stored_elsewhere: list[tuple[int, bytes, threading.Event]] = []
         placed: list[_Placed] = []
         try:
             for place, (reservation, block_checksum, chunk_sums) in enumerate(written):
@@ -209,9 +212,8 @@ class Admission:
                     continue
                 other_writer = self._claim(raw)
                 if other_writer is not None:  # the same block is being stored by another thread
-                    other_writer.wait()
                     self.abandon(reservation)
-                    results[place] = self.locate(BlockKey(raw))
+                    stored_elsewhere.append((place, raw, other_writer))
                     continue
                 claimed[raw] = place
                 value = self._index.get(raw)
@@ -242,6 +244,9 @@ class Admission:
         finally:
             for raw in claimed:
                 self._release_claim(raw)
+        for place, raw, other_writer in stored_elsewhere:
+            other_writer.wait()
+            results[place] = self.locate(BlockKey(raw))
         return results
 
     def abandon(self, reservation: Reservation) -> None:

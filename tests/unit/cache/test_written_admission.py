@@ -8,10 +8,12 @@ same function the fetchers use. Real LMDB and tier directories under tmp_path.
 from __future__ import annotations
 
 import os
+import threading
 
 from cachefs.cache.base import checksum, chunk_checksums
 from cachefs.cache.tier import write_new_file
 from tests.unit.cache.blockcache_helpers import BLOCK, block_data, key
+from tests.waiting import WAIT_S, wait_for
 
 
 def free_room(cache, tier: str = "ram") -> int:
@@ -142,3 +144,33 @@ def test_a_key_twice_in_one_batch_is_admitted_once(make_cache):
     assert cache.usage()[0].blocks == 1
     assert free_room(cache) == 8 * BLOCK - first.footprint
     assert not os.path.exists(second.path)
+
+
+def test_a_batch_waits_for_another_writer_only_after_admitting_its_own_blocks(make_cache):
+    """Another writer holds key 2 (claimed here through the cache's own claim, as a put or
+    another batch in progress would). The batch [1, 2] admits key 1 and lets go of it before it
+    waits for key 2: a batch that waited holding key 1 would deadlock with one holding key 2
+    and waiting for key 1."""
+    cache = make_cache(ram=8 * BLOCK)
+    datas = {i: block_data(i, BLOCK) for i in (1, 2)}
+    batch = []
+    for i, data in datas.items():
+        reservation = cache.reserve(key(i), len(data))
+        write_new_file(reservation.path, data)
+        batch.append((reservation, checksum(data), chunk_checksums(data)))
+    assert cache._claim(key(2).raw) is None  # the other writer of key 2
+    results: list = []
+    admitting = threading.Thread(target=lambda: results.extend(cache.admit_written_many(batch)))
+    admitting.start()
+    try:
+        wait_for(lambda: cache.locate(key(1)) == "ram", "key 1 admitted while key 2 is held")
+        assert cache._claim(key(1).raw) is None  # not held by the waiting batch
+        cache._release_claim(key(1).raw)
+    finally:
+        cache._release_claim(key(2).raw)  # the other writer ends without storing it
+    admitting.join(WAIT_S)
+    assert not admitting.is_alive()
+    assert results == ["ram", None]
+    assert cache.read(key(1)) == datas[1]
+    assert cache.usage()[0].blocks == 1
+    assert free_room(cache) == 8 * BLOCK - batch[0][0].footprint

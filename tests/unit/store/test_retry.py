@@ -475,6 +475,12 @@ def try_threads(name: str, limit: int, tries: RecordingTries) -> _TryThreads:
     return _TryThreads(limit, name, tries.run, tries.drop)
 
 
+def submit_numbered(threads: _TryThreads, numbers, outcomes: queue.SimpleQueue) -> None:
+    """Submit one try per number; each answers its own number into ``outcomes``."""
+    for number in numbers:
+        threads.submit((lambda attempt: attempt.number, Attempt(number), outcomes))
+
+
 def alive(prefix: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(prefix)]
 
@@ -483,8 +489,7 @@ def test_tries_past_the_thread_limit_wait_for_a_thread_and_all_run():
     tries = RecordingTries()
     threads = try_threads("test-limit", 2, tries)
     outcomes: queue.SimpleQueue = queue.SimpleQueue()
-    for number in range(1, 6):
-        threads.submit((lambda attempt: attempt.number, Attempt(number), outcomes))
+    submit_numbered(threads, range(1, 6), outcomes)
 
     wait_for(lambda: tries.running == 2, "two tries to run")
     assert len(alive("test-limit_")) == 2
@@ -501,7 +506,7 @@ def test_an_idle_thread_takes_the_next_try():
     threads = try_threads("test-idle", 8, tries)
     outcomes: queue.SimpleQueue = queue.SimpleQueue()
     for number in range(1, 21):  # one at a time: a thread is idle each time
-        threads.submit((lambda attempt: attempt.number, Attempt(number), outcomes))
+        submit_numbered(threads, [number], outcomes)
         assert outcomes.get(timeout=WAIT_S) == number
 
     assert set(tries.ran) == {"test-idle_1"}
@@ -513,8 +518,7 @@ def test_closing_drops_the_tries_not_begun_and_refuses_new_ones():
     tries = RecordingTries()
     threads = try_threads("test-close", 1, tries)
     outcomes: queue.SimpleQueue = queue.SimpleQueue()
-    for number in range(1, 4):
-        threads.submit((lambda attempt: attempt.number, Attempt(number), outcomes))
+    submit_numbered(threads, range(1, 4), outcomes)
     wait_for(lambda: tries.running == 1, "the first try to run")
 
     threads.close()
