@@ -5,8 +5,11 @@
 
 Two cachefs workers (``cachefs up``) serve the same generated ImageNet-like tree (bench/datagen.py,
 ``file://`` source, RAM tier larger than the data): ``native`` with the patched pyfuse3's fast
-path (``--fuse-fast-read on``) and ``python`` with ``--fuse-fast-read off``, where every READ is
-served by the Python handler — the path before the fast path, and what a stock pyfuse3 gives.
+path (``--fuse-fast-read on``), ``python`` with ``--fuse-fast-read off``, where every READ is
+served by the Python handler — the path before the fast path, and what a stock pyfuse3 gives —
+and ``passthrough``, the native path with ``--fuse-passthrough on``: the kernel reads a cached
+small file's block file itself (FUSE passthrough), the worker answers its OPEN and RELEASE in C.
+``--systems`` picks which of them run (default: all three).
 ``tmpfs`` is a plain copy of the tree on /dev/shm: the machine's limit. Passes, best of
 ``--repeats``, every reader count of ``--readers``:
 
@@ -74,7 +77,12 @@ SMALL = "small"
 LARGE = "large"
 SAMPLES = "samples"
 NAMES = "names"
-SYSTEMS = ("tmpfs", "native", "python")
+#: The cachefs workers this bench can compare, and their options.
+WORKER_OPTIONS = {
+    "passthrough": ["--fuse-fast-read", "on", "--fuse-passthrough", "on"],
+    "native": ["--fuse-fast-read", "on", "--fuse-passthrough", "off"],
+    "python": ["--fuse-fast-read", "off"],
+}
 _LARGE_SEED = 1616
 #: Large files: one MiB of every this many is checked (xxh3) while the pass reads.
 LARGE_CHECK_EVERY = 8
@@ -222,11 +230,14 @@ class System:
             return {}
         status = self.worker.client.status()
         counters = status["activity"]["counters"]
+        native = status["fuse_fast_read"] or {}
         return {
             "worker_cpu_s": self.worker.cpu_seconds(),
             "python_reads": counters.get("python_reads", 0),
             "native_reads": counters.get("native_reads", 0),
             "misses": counters.get("misses", 0),
+            # OPENs that handed a block file to the kernel (FUSE passthrough)
+            "passthrough_opens": native.get("pt_opens", 0),
         }
 
 
@@ -321,13 +332,14 @@ def _run(args: argparse.Namespace) -> dict:
         "large_files": args.large_files,
         "large_mib": args.large_mib,
         "repeats": args.repeats,
+        "systems": args.systems.split(","),
         "passes": [],
     }
     try:
         shutil.rmtree(tmpfs_root, ignore_errors=True)
         shutil.copytree(source, tmpfs_root)
         systems = [System("tmpfs", tmpfs_root)]
-        for name, fast in (("native", "on"), ("python", "off")):
+        for name in args.systems.split(","):
             workdir = os.path.join(args.workdir, name)
             os.makedirs(workdir, exist_ok=True)
             worker = WorkerProcess(
@@ -335,11 +347,11 @@ def _run(args: argparse.Namespace) -> dict:
                 ram=ram,
                 env={},
                 ram_dir=f"/dev/shm/cachefs-native-bench-{name}",
-                extra_args=["--fuse-fast-read", fast],
+                extra_args=WORKER_OPTIONS[name],
             )
             workers.append(worker)
             datasets = [SMALL, LARGE]
-            if name == "native":  # the emulator and the walk compare tmpfs and native only
+            if len(systems) == 1:  # the emulator and the walk: tmpfs and the first worker only
                 datasets += [SAMPLES] * bool(args.emulator) + [NAMES] * bool(args.walk)
             for dataset in datasets:
                 worker.client.add_dataset(
@@ -356,7 +368,11 @@ def _run(args: argparse.Namespace) -> dict:
             (small_names, small_sizes),
             (large_names, large_sizes, large_digests),
         )
-        results["native_counters"] = workers[0].client.status()["fuse_fast_read"]
+        results["native_counters"] = {
+            s.name: s.worker.client.status()["fuse_fast_read"]
+            for s in systems[1:]
+            if s.name != "python"
+        }
         results["rss_bytes"] = {s.name: s.worker.client.status()["rss_bytes"] for s in systems[1:]}
     finally:
         for worker in workers:
@@ -513,13 +529,11 @@ def _make_namespace(root: str, entries: int) -> None:
 
 
 def _walk_passes(args, systems) -> list[dict]:
-    """Two cold walks of the namespace (tmpfs and the native worker): the first after the
+    """Two cold walks of the namespace (tmpfs and the first worker): the first after the
     add, then a second one; each after ``echo 3``, every count checked."""
     files, dirs = metadata.expected_counts(args.walk)
     rows = []
-    for system in systems:
-        if system.name == "python":
-            continue
+    for system in systems[:2]:
         root = os.path.join(system.root, NAMES)
         for name in ("walk_cold_first", "walk_cold_second"):
             drop_caches(3)
@@ -548,12 +562,10 @@ def _walk_passes(args, systems) -> list[dict]:
 
 
 def _emulator_passes(args, systems) -> list[dict]:
-    """The emulator's search on tmpfs and the native worker, page cache dropped (after a
-    listing) before each trial; the native worker's RAM tier is filled by one read first."""
+    """The emulator's search on tmpfs and the first worker, page cache dropped (after a
+    listing) before each trial; the worker's RAM tier is filled by one read first."""
     rows = []
-    for system in systems:
-        if system.name == "python":
-            continue
+    for system in systems[:2]:
         data = f"dir:{os.path.join(system.root, SAMPLES)}"
         if system.worker is not None:
             emulator.warm_up(emulator.parse_data_path(data), _emulator_samples(args))
@@ -630,6 +642,8 @@ def summarise(passes: list[dict], readers: Sequence[int]) -> list[dict]:
 
 def render(results: dict) -> str:
     machine = results["machine"]
+    names = results["systems"]
+    first = names[0]
     lines = [
         f"# Native READ path vs Python vs tmpfs — {results['date']}",
         "",
@@ -641,48 +655,62 @@ def render(results: dict) -> str:
         f"{results['large_files']} x {results['large_mib']} MiB large files; best of "
         f"{results['repeats']}.",
         "",
-        "| pass | readers | tmpfs | native | python | native/tmpfs | python/tmpfs "
-        "| native CPU ms/1000 files | python CPU ms/1000 files |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pass | readers | tmpfs | "
+        + " | ".join(names)
+        + " | "
+        + " | ".join(f"{n}/tmpfs" for n in names)
+        + " | "
+        + " | ".join(f"{n} CPU ms/1000 files" for n in names)
+        + " |",
+        "|---|---|---|" + "---|" * (3 * len(names)),
     ]
+    blank = " |" * (2 * len(names) - 1)
     rss_lines: list[str] = []
     for row in results["summary"]:
         if row["pass"].startswith("walk_cold"):
             lines.append(
                 f"| {row['pass']} (entries/s) | 1 | {row.get('tmpfs_entries_per_s', '')} | "
-                f"{row.get('native_entries_per_s', '')} | | {row.get('native_ratio', '')} | | "
-                f"{row.get('native_cpu_us_per_entry', '')} us/entry | |"
+                f"{row.get(f'{first}_entries_per_s', '')} |{' |' * (len(names) - 1)} "
+                f"{row.get(f'{first}_ratio', '')} |{' |' * (len(names) - 1)} "
+                f"{row.get(f'{first}_cpu_us_per_entry', '')} us/entry |{' |' * (len(names) - 1)}"
             )
-            if "native_rss" in row:
+            if f"{first}_rss" in row:
+                rss = row[f"{first}_rss"]
                 rss_lines.append(
-                    f"Native worker after the walks: VmRSS {row['native_rss']['VmRSS'] >> 20} MiB "
-                    f"(anonymous {row['native_rss']['RssAnon'] >> 20} MiB, file-backed "
-                    f"{row['native_rss']['RssFile'] >> 20} MiB: the mapped snapshot), peak "
-                    f"{row['native_rss']['VmHWM'] >> 20} MiB."
+                    f"{first} worker after the walks: VmRSS {rss['VmRSS'] >> 20} MiB "
+                    f"(anonymous {rss['RssAnon'] >> 20} MiB, file-backed "
+                    f"{rss['RssFile'] >> 20} MiB: the mapped snapshot), peak "
+                    f"{rss['VmHWM'] >> 20} MiB."
                 )
             continue
         if row["pass"] == "emulator_drop_pages":
             lines.append(
                 f"| emulator, page cache dropped (accelerators >= 90 % busy) | | "
-                f"{row.get('tmpfs_accelerators', '')} | {row.get('native_accelerators', '')} | | "
-                f"{row.get('native_ratio', '')} | | | |"
+                f"{row.get('tmpfs_accelerators', '')} | "
+                f"{row.get(f'{first}_accelerators', '')} |{' |' * (len(names) - 1)} "
+                f"{row.get(f'{first}_ratio', '')} |{blank}"
             )
             continue
         if row["pass"] in ("ls_lR", "find"):
             lines.append(
                 f"| {row['pass']} (s, warm) | 1 | {row.get('tmpfs_s', '')} | "
-                f"{row.get('native_s', '')} | {row.get('python_s', '')} | "
-                f"{row.get('native_x_tmpfs_time', '')}x time | "
-                f"{row.get('python_x_tmpfs_time', '')}x time | | |"
+                + " | ".join(str(row.get(f"{n}_s", "")) for n in names)
+                + " | "
+                + " | ".join(f"{row.get(f'{n}_x_tmpfs_time', '')}x time" for n in names)
+                + " |"
+                + " |" * len(names)
             )
             continue
         unit = "mb_per_s" if row["pass"].startswith("large") else "files_per_s"
         label = "MB/s" if unit == "mb_per_s" else "files/s"
         lines.append(
             f"| {row['pass']} ({label}) | {row['readers']} | {row.get(f'tmpfs_{unit}', '')} | "
-            f"{row.get(f'native_{unit}', '')} | {row.get(f'python_{unit}', '')} | "
-            f"{row.get('native_ratio', '')} | {row.get('python_ratio', '')} | "
-            f"{row.get('native_cpu_ms_per_1000', '')} | {row.get('python_cpu_ms_per_1000', '')} |"
+            + " | ".join(str(row.get(f"{n}_{unit}", "")) for n in names)
+            + " | "
+            + " | ".join(str(row.get(f"{n}_ratio", "")) for n in names)
+            + " | "
+            + " | ".join(str(row.get(f"{n}_cpu_ms_per_1000", "")) for n in names)
+            + " |"
         )
     lines += [
         "",
@@ -723,6 +751,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="ENTRIES",
         help="also walk an ImageNet-shaped namespace of this many empty files (0: not)",
+    )
+    parser.add_argument(
+        "--systems",
+        default=",".join(WORKER_OPTIONS),
+        help=f"the cachefs workers to compare with tmpfs, in order ({', '.join(WORKER_OPTIONS)})",
     )
     parser.add_argument("--workdir", default="/tmp/cachefs-native-bench")
     parser.add_argument("--json", help="write the JSON here instead of stdout")

@@ -323,6 +323,17 @@ class _WorkerCollector(Collector):
             value=native.get("open_files", 0),
         )
         yield CounterMetricFamily(
+            "cachefs_fuse_passthrough_opens",
+            "FUSE OPENs answered with the file's block file handed to the kernel "
+            "(--fuse-passthrough: the kernel reads it, no READ reaches the worker)",
+            value=native.get("pt_opens", 0),
+        )
+        yield GaugeMetricFamily(
+            "cachefs_fuse_passthrough_backing_files",
+            "Backing files registered with the kernel now (passthrough)",
+            value=native.get("backing_files", 0),
+        )
+        yield CounterMetricFamily(
             "cachefs_fuse_loop_returns",
             "Times the FUSE session loop went back to trio (requests per return: "
             "cachefs_fuse_loop_requests_total / this)",

@@ -139,6 +139,7 @@ class Node(WorkerAPI):
                 attr_timeout=config.attr_timeout,
                 no_open=config.no_open,
                 fast_read=config.fast_read,
+                passthrough=config.passthrough,
                 max_tasks=config.max_tasks,
             )
             self.datasets = DatasetManager(

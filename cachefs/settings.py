@@ -372,6 +372,17 @@ class WorkerConfig:
         "without Python (`auto`: on with that pyfuse3 in no-open mode; `off`: every READ in "
         "Python, as with stock pyfuse3)",
     )
+    # The kernel reads a cached small file's block file itself (FUSE passthrough, Linux >= 6.9;
+    # cachefs_fast_read.c "passthrough"). Off by default: a file a reader holds open keeps its
+    # evicted block's space until it is closed (see docs/architecture.md).
+    passthrough: bool | None = option(
+        "--fuse-passthrough",
+        TRISTATE,
+        "off",
+        "hand files whose one block is in the RAM tier to the kernel (FUSE passthrough, Linux "
+        ">= 6.9): first reads then cost an OPEN and a RELEASE answered in C and no copy through "
+        "the worker; needs the native path (`auto`: when the kernel grants it)",
+    )
     # Off unless asked: a fixed default port would make a second worker on the machine fail
     # to start (the control socket always serves /metrics).
     metrics_listen: str | None = option(

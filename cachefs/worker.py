@@ -89,6 +89,8 @@ class Worker:
         cfg = self.config
         if cfg.fast_read:
             fuse_ops.check_fast_read_possible(cfg.no_open)
+        if cfg.passthrough:
+            fuse_ops.check_passthrough_possible(cfg.fast_read, cfg.no_open)
         following = cfg.cluster()  # refuses a coordinator without --listen and a token
         if following is not None and not dialable(following.listen):
             # The coordinator hands this address to the other workers, which dial it for peer
@@ -169,8 +171,10 @@ class Worker:
                 # The servers and FUSE loop above end on their own once shutdown is set
                 # (hypercorn finishes in-flight requests, e.g. the reply to /v1/shutdown); the
                 # background tasks below never end by themselves, so they are cancelled.
+                await mount.wait_for_init(mount_path)
                 if cfg.readahead_kib:
-                    await mount.set_readahead(mount_path, cfg.readahead_kib)
+                    mount.set_readahead(mount_path, cfg.readahead_kib)
+                mount.say_passthrough()
                 async with trio.open_nursery() as background:
                     background.start_soon(self._watch_signals)
                     await node.start(background, listeners.pop("peer", None))

@@ -146,6 +146,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{fast['lookups']} LOOKUPs answered in C; {fast.get('open_files', 0)} block files "
             f"open"
         )
+        if fast.get("passthrough"):
+            print(
+                f"passthrough: {fast['pt_opens']} OPENs handed the block file to the kernel, "
+                f"{fast['cached_opens']} read through READs; {fast['backing_files']} backing "
+                f"files open, {fast['opened']} files open"
+            )
     cache = status["cache"]
     print(
         f"cache: {cache['admitted']} admitted, {cache['refused']} refused, "

@@ -369,6 +369,7 @@ class _CachefsPatch(Protocol):
     def fast_read_forget_inodes(self, lo: int, hi: int) -> None: ...
     def fast_read_clear(self) -> None: ...
     def cache_listings(self, on: bool) -> None: ...
+    def fast_passthrough(self, on: bool) -> None: ...
     def fast_read_stats(self) -> dict[str, int]: ...
 
 
@@ -429,6 +430,20 @@ def check_fast_read_possible(no_open: bool | None) -> None:
         raise ConfigError("--fuse-fast-read on needs no-open mode (--fuse-no-open on)")
 
 
+def check_passthrough_possible(fast_read: bool | None, no_open: bool | None) -> None:
+    """ConfigError unless passthrough can be asked for: it is part of the native path (the
+    binding answers OPEN and RELEASE and hands it the table's blocks)."""
+    if not FAST_READ_SUPPORTED:
+        raise ConfigError(
+            "--fuse-passthrough on needs the patched pyfuse3 (python third_party/pyfuse3/build.py)"
+        )
+    if fast_read is False or no_open is False:
+        raise ConfigError(
+            "--fuse-passthrough on needs the native path (--fuse-fast-read and --fuse-no-open "
+            "on or auto)"
+        )
+
+
 def native_read_table(wanted: bool | None, no_open: bool) -> _PyfuseNativeReadTable | None:
     """The binding's fast-read table when READs of cached blocks are to be answered in C;
     None when they are not (``wanted`` False, or None and the binding or mode lacks it: said
@@ -449,12 +464,18 @@ def native_read_table(wanted: bool | None, no_open: bool) -> _PyfuseNativeReadTa
     return _PyfuseNativeReadTable()
 
 
-def mount(ops: FuseOperations, mountpoint: str, options: set[str]) -> None:
+def mount(
+    ops: FuseOperations, mountpoint: str, options: set[str], *, passthrough: bool = False
+) -> None:
+    """Mount; ``passthrough``: ask the kernel for FUSE passthrough when the native path
+    serves (granted or not: ``native_stats()['passthrough']`` once INIT is answered)."""
     # With the native path on, the kernel also keeps directory listings until a refresh
     # invalidates the directories whose entries changed (Worker._invalidate_changes): a warm
     # `ls -lR`/`find` stays in the kernel. Off (or stock pyfuse3): listings reach Python.
     if FAST_READ_SUPPORTED:
-        _patched.cache_listings(ops.native_lookups is not None)
+        native = ops.native_lookups is not None
+        _patched.cache_listings(native)
+        _patched.fast_passthrough(native and passthrough)
     pyfuse3.init(ops, mountpoint, options)
 
 

@@ -24,8 +24,9 @@ log = logging.getLogger("cachefs.worker")
 
 
 class FuseMount:
-    """One mount of ``fs`` at ``mountpoint``; ``no_open`` and ``fast_read`` as the settings
-    say (None: decided from the pyfuse3 that is installed)."""
+    """One mount of ``fs`` at ``mountpoint``; ``no_open``, ``fast_read`` and ``passthrough``
+    as the settings say (None: decided from the pyfuse3 that is installed, and for passthrough
+    from what the kernel grants)."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class FuseMount:
         attr_timeout: float,
         no_open: bool | None,
         fast_read: bool | None,
+        passthrough: bool | None,
         max_tasks: int,
     ) -> None:
         self._fs = fs
@@ -50,6 +52,7 @@ class FuseMount:
         self._attr_timeout = attr_timeout
         self._want_no_open = no_open
         self._want_fast_read = fast_read
+        self._want_passthrough = passthrough
         self._max_tasks = max_tasks
         self.mounted = False
         self.no_open = False  # as decided when mounted
@@ -72,7 +75,10 @@ class FuseMount:
             self._metrics.native_reads = self._fs.native.stats
         try:
             fuse_ops.mount(
-                ops, self.mountpoint, fuse_ops.mount_options(allow_other=self._allow_other)
+                ops,
+                self.mountpoint,
+                fuse_ops.mount_options(allow_other=self._allow_other),
+                passthrough=self._want_passthrough is not False,
             )
         except RuntimeError as exc:  # pyfuse3's only word for it; libfuse logs the reason
             raise ConfigError(f"cannot mount {self.mountpoint}: {exc}") from None
@@ -94,13 +100,29 @@ class FuseMount:
             self._fs.native = None
         self.mounted = False
 
-    async def set_readahead(self, mount_path: str, kib: int) -> None:
-        """The mount's kernel readahead. The kernel applies the INIT reply's limit when the
-        FUSE loop answers INIT (always the first request); a stat() served by the loop proves
-        that happened, so our setting is not overwritten. ``mount_path``: the mountpoint,
-        resolved before it became a FUSE mount."""
+    async def wait_for_init(self, mount_path: str) -> None:
+        """Return once the FUSE loop has answered INIT (always the first request): a stat()
+        served by the loop proves it. ``mount_path``: the mountpoint, resolved before it became
+        a FUSE mount."""
         await trio.to_thread.run_sync(os.stat, mount_path)
+
+    def set_readahead(self, mount_path: str, kib: int) -> None:
+        """The mount's kernel readahead; call after :meth:`wait_for_init` (the kernel applies
+        the INIT reply's limit when INIT is answered, which would overwrite ours)."""
         set_readahead(mount_path, kib)
+
+    def say_passthrough(self) -> None:
+        """Log, once INIT is answered, whether the kernel granted the passthrough asked for."""
+        native = self._fs.native
+        if not self._want_passthrough or native is None:
+            return
+        if native.stats().get("passthrough"):
+            log.info("FUSE passthrough on: cached small files are read by the kernel")
+        else:
+            log.warning(
+                "FUSE passthrough asked for but not granted by the kernel (needs Linux >= 6.9 "
+                "with CONFIG_FUSE_PASSTHROUGH): reads go through the native READ path"
+            )
 
     # --- the kernel's caches: what a refresh or a removal changed ---------------------------
 

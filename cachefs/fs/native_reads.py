@@ -32,7 +32,10 @@ least recently used dropped first), forgotten with the dataset's inodes like its
 
 Only no-open mode uses it: there every READ of an inode reads the snapshot served now, which is
 what the table holds. With open handles a file opened before a refresh keeps its old version,
-which a table keyed by inode could not tell apart.
+which a table keyed by inode could not tell apart. With ``--fuse-passthrough`` the binding
+answers OPEN and RELEASE itself (handles are 0, so READs still name the inode) and hands the
+kernel the block file of a table entry that is its file's only block; the rules for that, and
+why a forget still comes first, are in the "passthrough" section of ``cachefs_fast_read.c``.
 """
 
 from __future__ import annotations

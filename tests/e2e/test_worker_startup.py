@@ -309,3 +309,16 @@ def test_asking_for_native_reads_where_they_cannot_run_is_refused(tmp_path):
     )  # fmt: skip
     assert "--fuse-fast-read on needs" in line
     _nothing_left(tmp_path, mount)
+
+
+def test_asking_for_passthrough_without_the_native_path_is_refused(tmp_path):
+    """--fuse-passthrough on is part of the native path (the binding answers OPEN and hands
+    the kernel the table's blocks): asked for with that path off, it is one line, not a
+    worker that silently never hands a file to the kernel."""
+    mount = str(tmp_path / "mnt")
+    line = _refused(
+        "--state", str(tmp_path / "state"), "up", "--mount", mount,
+        "--fuse-fast-read", "off", "--fuse-passthrough", "on",
+    )  # fmt: skip
+    assert "--fuse-passthrough on needs" in line
+    _nothing_left(tmp_path, mount)

@@ -24,7 +24,11 @@ listings (FOPEN_CACHE_DIR) until the directory's inode is invalidated: a warm ``
 ``find`` then stays in the kernel; a cold one (dentries dropped) is answered in C from the
 listings cachefs registers (``pyfuse3.fast_listing_*``) when the binding asks, before an
 OPENDIR or READDIRPLUS would go to Python.
-``pyfuse3.FAST_READ`` says the patch is there;
+With ``pyfuse3.fast_passthrough(True)`` before the mount, FUSE_INIT also asks
+the kernel for FUSE passthrough (Linux >= 6.9; libfuse 3.14 cannot, so its INIT reply is
+captured and extended: see "passthrough" in ``cachefs_fast_read.c``); granted, OPEN and RELEASE
+are answered in C and a file whose one block is in the table is read by the kernel from the
+block file. ``pyfuse3.FAST_READ`` says the patch is there;
 the table's Python API is ``pyfuse3.fast_read_*`` (see cachefs/fs/native_reads.py for how cachefs
 keeps it coherent). Stock pyfuse3 still works: cachefs then serves every READ in Python.
 
@@ -87,7 +91,9 @@ PATCHES = [
         "src/pyfuse3/internal.pxi",
         "        save_retval(None)\n        fuse_session_process_buf(session, &buf)\n"
         "        if py_retval is not None:\n            await py_retval\n",
-        "        save_retval(None)\n        fuse_session_process_buf(session, &buf)\n"
+        "        save_retval(None)\n"
+        "        # cachefs: FUSE_INIT may ask for passthrough (cfr_want_passthrough).\n"
+        "        cfr_process_buf(session, &buf, session_fd)\n"
         "        # cachefs: while requests are answered without Python (the fast-read path),\n"
         "        # take the ones already queued the same way (a bounded batch) before going back\n"
         "        # to trio.\n"
@@ -120,6 +126,26 @@ PATCHES = [
         "    c = _Container()\n    c.req = req\n"
         "    c.size = size\n    c.off = off\n    c.fh = fi.fh\n"
         "    save_retval(fuse_readdirplus_async(c))\n",
+    ),
+    (
+        "src/pyfuse3/handlers.pxi",
+        "cdef void fuse_open (fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi):\n"
+        "    cdef _Container c = _Container()\n    c.req = req\n",
+        "cdef void fuse_open (fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi):\n"
+        "    cdef _Container c\n"
+        "    # cachefs: with passthrough granted, every OPEN is answered in C.\n"
+        "    if cfr_try_open(req, ino, fi):\n        return\n"
+        "    c = _Container()\n    c.req = req\n",
+    ),
+    (
+        "src/pyfuse3/handlers.pxi",
+        "cdef void fuse_release (fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi):\n"
+        "    cdef _Container c = _Container()\n",
+        "cdef void fuse_release (fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi):\n"
+        "    cdef _Container c\n"
+        "    # cachefs: ... and every RELEASE.\n"
+        "    if cfr_try_release(req, ino):\n        return\n"
+        "    c = _Container()\n",
     ),
     (
         "src/pyfuse3/handlers.pxi",

@@ -29,7 +29,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -57,6 +59,9 @@
 #define MAX_OPEN_FDS 4096
 
 typedef struct cfr_file cfr_file;
+struct cfr_block;
+struct cfr_opened;
+static void drop_backing(struct cfr_block *b);
 
 typedef struct cfr_block {
     cfr_file *file;
@@ -70,6 +75,11 @@ typedef struct cfr_block {
     uint64_t *sums;               /* host order, nchunks of them */
     char *path;
     int fd;                       /* the open block file, or -1 */
+    int32_t backing_id;           /* its kernel backing-file id (passthrough), or 0 */
+    int64_t checked_ctime_ns;     /* the file's ctime when its chunks were last checked */
+    struct cfr_opened *opened;    /* the open files reading through that backing file */
+    struct cfr_block *bk_older;   /* blocks with a backing file: the bound drops the least */
+    struct cfr_block *bk_newer;   /* recently opened first */
     struct cfr_block *fd_older;   /* open-file list: the bound closes the least recent */
     struct cfr_block *fd_newer;
 } cfr_block;
@@ -234,6 +244,7 @@ static int block_fd(cfr_block *b) {
 
 static void remove_block(cfr_block *b) {
     close_fd(b); /* before the cache may unlink the file: its space goes with the unlink */
+    drop_backing(b); /* ... and so does its backing file, once no open file reads it */
     cfr_block **p = (cfr_block **)&by_id.slots[slot_of(&by_id, b->file_id)];
     while (*p != b) p = &(*p)->next_by_id;
     *p = b->next_by_id;
@@ -631,6 +642,10 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
     cfr_block *b = malloc(sizeof(*b) + nchunks * 8 + path_len);
     if (!b) return -1;
     b->index = index;
+    b->backing_id = 0;
+    b->checked_ctime_ns = 0;
+    b->opened = NULL;
+    b->bk_older = b->bk_newer = NULL;
     b->length = length;
     b->file_id = file_id;
     b->nchunks = nchunks;
@@ -684,6 +699,23 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
         pthread_mutex_unlock(&lock);
         free(b);
         return -1;
+    }
+    cfr_block *same = f->blocks[index];
+    if (same && same->file_id == file_id && same->length == length) {
+        /* Registered again (a LOOKUP, a READ in Python): the entry stays, with its open file
+         * and backing file, and counts as the newest. */
+        if (newest != same) {
+            if (same->older) same->older->newer = same->newer;
+            else oldest = same->newer;
+            same->newer->older = same->older;
+            same->newer = NULL;
+            same->older = newest;
+            newest->newer = same;
+            newest = same;
+        }
+        pthread_mutex_unlock(&lock);
+        free(b);
+        return 0;
     }
     if (f->blocks[index]) {
         f->held++; /* keeps f alive while its old block goes */
@@ -890,4 +922,340 @@ fall_through:
 fall_through_quietly:
     pthread_mutex_unlock(&lock);
     return 0;
+}
+
+/* ---- passthrough: OPEN hands a cached file's block file to the kernel ----
+ *
+ * With FUSE passthrough (Linux >= 6.9) an OPEN reply may name a "backing file" the server
+ * registered with the kernel (FUSE_DEV_IOC_BACKING_OPEN); the kernel then reads that file
+ * itself for this open file, and no READ of it reaches user space. A small file whose one block
+ * is in the RAM tier is such a file: its block file holds exactly its bytes. A first read then
+ * costs an OPEN and a RELEASE answered here (no data copied through the worker), and the reader
+ * copies straight from the tier's tmpfs pages, as from any tmpfs file.
+ *
+ * Negotiation. libfuse 3.14 does not know FUSE_PASSTHROUGH. cfr_process_buf() lets libfuse
+ * process FUSE_INIT as always, with the session fd pointed at a pipe for that one call (dup3),
+ * so that libfuse's reply lands there; it then adds FUSE_INIT_EXT, FUSE_PASSTHROUGH and
+ * max_stack_depth 1 to that reply and writes it to /dev/fuse. libfuse's own state is what its
+ * reply says, so nothing else changes. A kernel that does not offer passthrough gets libfuse's
+ * reply unchanged, and cachefs goes on in no-open mode (OPEN answered ENOSYS in Python).
+ *
+ * The kernel's rules for one inode (fs/fuse/iomode.c): while an open file of an inode reads
+ * through a backing file, every new open of it must name the same backing file, and an inode
+ * with open files that read through the page cache cannot get a backing file (either mistake
+ * fails the open with EIO). So OPEN and RELEASE of every file are answered here, and `opened`
+ * records, per inode, the OPENs whose RELEASE has not come yet and which backing file (if any)
+ * they were given; a new OPEN follows the record:
+ *   - none outstanding: a file whose one block is in the table gets that block's backing
+ *     file (see block_backing(): made after every chunk of the block file passed its checksum,
+ *     then kept with the block for the next opens while the file's ctime and size stay put);
+ *     any other file, or one failing its checksums, an ordinary open (FOPEN_KEEP_CACHE: pages
+ *     stay across opens, as in no-open mode);
+ *   - backing file outstanding: the same backing file; if the inode's block has left the table
+ *     since (evicted, or the file refreshed), FOPEN_DIRECT_IO as well, so that reads go to the
+ *     worker as READ requests and get the bytes the snapshot serves now;
+ *   - ordinary opens outstanding: an ordinary open.
+ * File handles are 0 (the patched read() then gets the inode, as in no-open mode). A RELEASE
+ * ends one OPEN. An OPEN whose reply the kernel refuses (the opener was killed) gets no
+ * RELEASE, so it is undone at once.
+ *
+ * Coherence with the cache (the rules at the top of this file): a forget removes the block
+ * from the table and closes its backing file's kernel id, so no later OPEN hands it out; files
+ * already open on it keep reading it until they are closed (their record closes the id with
+ * the last RELEASE), like a reader holding any tmpfs file open: the space of an evicted block
+ * goes when the last such file is closed. */
+
+#define CFR_OP_INIT 26
+#define CFR_INIT_EXT (1u << 30)
+#define CFR_INIT2_PASSTHROUGH (1u << 5) /* FUSE_PASSTHROUGH, bit 37 of the 64 INIT flags */
+#define CFR_FOPEN_DIRECT_IO (1u << 0)
+#define CFR_FOPEN_KEEP_CACHE (1u << 1)
+#define CFR_FOPEN_NOFLUSH (1u << 5)
+#define CFR_FOPEN_PASSTHROUGH (1u << 7)
+/* fuse_init_out (64 bytes since protocol 7.23), after the 16-byte fuse_out_header. */
+#define INIT_OUT_SIZE 64
+#define INIT_OUT_FLAGS 12
+#define INIT_OUT_FLAGS2 32
+#define INIT_OUT_MAX_STACK_DEPTH 36
+#define OPENED_SLOTS 4096
+/* Most blocks that keep a backing file between opens (each holds an open file in the kernel,
+ * ~0.3 KB, and none of the process's descriptors); the least recently opened goes first. */
+#define MAX_BACKING_FILES 65536
+
+/* The kernel's structures, as in linux/fuse.h (7.40+), which Debian 12's headers predate. */
+struct cfr_in_header {
+    uint32_t len, opcode;
+    uint64_t unique, nodeid;
+    uint32_t uid, gid, pid;
+    uint16_t total_extlen, padding;
+};
+struct cfr_init_in {
+    uint32_t major, minor, max_readahead, flags, flags2;
+};
+struct cfr_out_header {
+    uint32_t len;
+    int32_t error;
+    uint64_t unique;
+};
+struct cfr_open_out {
+    uint64_t fh;
+    uint32_t open_flags;
+    int32_t backing_id;
+};
+struct cfr_backing_map {
+    int32_t fd;
+    uint32_t flags;
+    uint64_t padding;
+};
+#define CFR_DEV_IOC_BACKING_OPEN _IOW(229, 1, struct cfr_backing_map)
+#define CFR_DEV_IOC_BACKING_CLOSE _IOW(229, 2, uint32_t)
+
+typedef struct cfr_opened {
+    uint64_t ino;
+    uint64_t count;     /* OPENs answered whose RELEASE has not come */
+    int32_t backing_id; /* > 0: they read through this backing file ... */
+    cfr_block *block;   /* ... which is this block's (NULL: the block left the table, and
+                           the id is this record's to close) */
+    struct cfr_opened *next;
+} cfr_opened;
+
+static int passthrough_wanted, dev_fd = -1;
+static cfr_opened *opened[OPENED_SLOTS];
+static cfr_block *oldest_backing, *newest_backing;
+
+void cfr_want_passthrough(int on) {
+    pthread_mutex_lock(&lock);
+    passthrough_wanted = on;
+    pthread_mutex_unlock(&lock);
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    memcpy(p, &v, 4);
+}
+static uint32_t get_u32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* libfuse answers INIT into a pipe; its reply, with passthrough added, goes to the kernel. */
+static void init_with_passthrough(struct fuse_session *se, const struct fuse_buf *buf, int fd) {
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+        fuse_session_process_buf(se, buf);
+        return;
+    }
+    int saved = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (saved < 0 || dup3(pipe_fds[1], fd, O_CLOEXEC) < 0) {
+        if (saved >= 0) close(saved);
+        close(pipe_fds[0]);
+        close(pipe_fds[1]);
+        fuse_session_process_buf(se, buf);
+        return;
+    }
+    fuse_session_process_buf(se, buf);
+    /* The session fd is /dev/fuse again (dup3 onto a valid fd number cannot fail but for
+     * EINTR, which it does not return on Linux). */
+    dup3(saved, fd, O_CLOEXEC);
+    close(saved);
+    close(pipe_fds[1]);
+    unsigned char reply[sizeof(struct cfr_out_header) + INIT_OUT_SIZE + 64];
+    ssize_t n = read(pipe_fds[0], reply, sizeof reply);
+    close(pipe_fds[0]);
+    if (n <= 0) return; /* libfuse answered nothing */
+    struct cfr_out_header out;
+    memcpy(&out, reply, sizeof out);
+    int granted = 0;
+    if ((size_t)n >= sizeof out + INIT_OUT_SIZE && out.len == (uint32_t)n && out.error == 0) {
+        unsigned char *arg = reply + sizeof out;
+        put_u32(arg + INIT_OUT_FLAGS, get_u32(arg + INIT_OUT_FLAGS) | CFR_INIT_EXT);
+        put_u32(arg + INIT_OUT_FLAGS2, get_u32(arg + INIT_OUT_FLAGS2) | CFR_INIT2_PASSTHROUGH);
+        put_u32(arg + INIT_OUT_MAX_STACK_DEPTH, 1); /* backing files on tmpfs, ext4, ...: 0 */
+        granted = 1;
+    }
+    if (write(fd, reply, (size_t)n) == n && granted) {
+        pthread_mutex_lock(&lock);
+        dev_fd = fd;
+        stats.passthrough = 1;
+        pthread_mutex_unlock(&lock);
+    }
+}
+
+void cfr_process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd) {
+    const unsigned char *mem = buf->mem;
+    struct cfr_in_header in;
+    struct cfr_init_in init;
+    if (!passthrough_wanted || (buf->flags & FUSE_BUF_IS_FD) ||
+        buf->size < sizeof in + sizeof init) {
+        fuse_session_process_buf(se, buf);
+        return;
+    }
+    memcpy(&in, mem, sizeof in);
+    memcpy(&init, mem + sizeof in, sizeof init);
+    if (in.opcode != CFR_OP_INIT || !(init.flags & CFR_INIT_EXT) ||
+        !(init.flags2 & CFR_INIT2_PASSTHROUGH)) {
+        fuse_session_process_buf(se, buf); /* not INIT, or a kernel without passthrough */
+        return;
+    }
+    init_with_passthrough(se, buf, fd);
+}
+
+static cfr_opened **opened_slot(uint64_t ino) {
+    cfr_opened **p = &opened[(ino * 0x9E3779B97F4A7C15ull) >> 52];
+    while (*p && (*p)->ino != ino) p = &(*p)->next;
+    return p;
+}
+
+/* The block of `ino` when it is the file's only one and the table holds it, else NULL. */
+static cfr_block *whole_file_block(fuse_ino_t ino) {
+    cfr_file *f = find_file(ino);
+    if (!f || f->nblocks != 1 || !f->blocks[0]) return NULL;
+    cfr_block *b = f->blocks[0];
+    return b->length == f->file_size ? b : NULL;
+}
+
+static void close_backing(int32_t id) {
+    uint32_t kernel_id = (uint32_t)id;
+    ioctl(dev_fd, CFR_DEV_IOC_BACKING_CLOSE, &kernel_id);
+    stats.backing_files--;
+}
+
+static void unlist_backing(cfr_block *b) {
+    if (b->bk_older) b->bk_older->bk_newer = b->bk_newer;
+    else oldest_backing = b->bk_newer;
+    if (b->bk_newer) b->bk_newer->bk_older = b->bk_older;
+    else newest_backing = b->bk_older;
+    b->bk_older = b->bk_newer = NULL;
+}
+
+static void list_backing_newest(cfr_block *b) {
+    b->bk_newer = NULL;
+    b->bk_older = newest_backing;
+    if (newest_backing) newest_backing->bk_newer = b;
+    else oldest_backing = b;
+    newest_backing = b;
+}
+
+/* Block `b` gives up its backing file (it leaves the table, or the bound or a changed file
+ * needs it): the kernel id is closed, or, while open files read through it, handed to their
+ * record, which closes it with the last RELEASE. */
+static void drop_backing(cfr_block *b) {
+    if (b->backing_id <= 0) return;
+    unlist_backing(b);
+    stats.kept_backings--;
+    if (b->opened) b->opened->block = NULL;
+    else close_backing(b->backing_id);
+    b->backing_id = 0;
+    b->opened = NULL;
+}
+
+static int64_t ctime_ns(const struct stat *st) {
+    return (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+}
+
+/* Block `b`'s backing-file id: made after checking every chunk of its file, then kept for the
+ * next opens (at most MAX_BACKING_FILES blocks keep one) as long as the file's ctime and size
+ * stay what they were when it was checked; a write to the file moves its ctime, and the next
+ * open checks it again. 0 if the block fails its checksums (it is then dropped), cannot be
+ * read, or the kernel refuses. Between two checks the kernel reads the file as it is, as it
+ * serves the pages a READ put in the page cache: a block is checked when it enters the path. */
+static int32_t block_backing(cfr_block *b) {
+    struct stat st;
+    if ((b->fd >= 0 ? fstat(b->fd, &st) : stat(b->path, &st)) != 0) {
+        if (errno == ENOENT) { /* removed behind the table's back: forget it */
+            stats.vanished++;
+            remove_block(b);
+        }
+        return 0;
+    }
+    if (b->backing_id > 0 && ctime_ns(&st) == b->checked_ctime_ns &&
+        (uint64_t)st.st_size == b->length) {
+        if (newest_backing != b) {
+            unlist_backing(b);
+            list_backing_newest(b);
+        }
+        return b->backing_id;
+    }
+    drop_backing(b);
+    /* The ctime was taken before the chunks are read: a write after that moves it. */
+    if (reserve(&scratch_buf, &scratch_cap, b->length) != 0 ||
+        read_checked(b, scratch_buf, 0, b->length) != 0)
+        return 0;
+    struct cfr_backing_map map = {.fd = b->fd, .flags = 0, .padding = 0};
+    int id = ioctl(dev_fd, CFR_DEV_IOC_BACKING_OPEN, &map);
+    if (id <= 0) {
+        stats.pt_refused++;
+        return 0;
+    }
+    stats.backing_files++;
+    while (stats.kept_backings >= MAX_BACKING_FILES && oldest_backing) drop_backing(oldest_backing);
+    b->backing_id = id;
+    b->checked_ctime_ns = ctime_ns(&st);
+    list_backing_newest(b);
+    stats.kept_backings++;
+    return id;
+}
+
+static void release_one(cfr_opened **slot) {
+    cfr_opened *o = *slot;
+    if (--o->count) return;
+    if (o->block) o->block->opened = NULL;
+    else if (o->backing_id > 0) close_backing(o->backing_id);
+    *slot = o->next;
+    free(o);
+    stats.opened--;
+}
+
+int cfr_try_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+    if (!stats.passthrough) return 0; /* read without the lock: set once, at INIT */
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & (O_TRUNC | O_APPEND | O_CREAT))) {
+        fuse_reply_err(req, EROFS); /* the mount is read-only (the kernel says so first) */
+        return 1;
+    }
+    pthread_mutex_lock(&lock);
+    cfr_opened **slot = opened_slot(ino);
+    if (!*slot) {
+        cfr_opened *o = calloc(1, sizeof *o);
+        if (!o) {
+            pthread_mutex_unlock(&lock);
+            fuse_reply_err(req, ENOMEM);
+            return 1;
+        }
+        o->ino = ino;
+        cfr_block *b = whole_file_block(ino);
+        if (b && !b->opened && (o->backing_id = block_backing(b)) > 0) {
+            o->block = b;
+            b->opened = o;
+        }
+        *slot = o;
+        stats.opened++;
+    }
+    cfr_opened *o = *slot;
+    struct cfr_open_out out = {.fh = 0, .open_flags = CFR_FOPEN_NOFLUSH, .backing_id = 0};
+    if (o->backing_id > 0) {
+        out.open_flags |= CFR_FOPEN_PASSTHROUGH;
+        out.backing_id = o->backing_id;
+        /* The block left the table (evicted, or its file refreshed): same backing file, as
+         * the kernel requires, but reads go to READ requests, which read what is served now. */
+        if (!o->block || whole_file_block(ino) != o->block) out.open_flags |= CFR_FOPEN_DIRECT_IO;
+        stats.pt_opens++;
+    } else {
+        out.open_flags |= CFR_FOPEN_KEEP_CACHE;
+        stats.cached_opens++;
+    }
+    o->count++;
+    if (fuse_reply_buf(req, (const char *)&out, sizeof out) != 0)
+        release_one(slot); /* the opener is gone: no RELEASE will come for this OPEN */
+    pthread_mutex_unlock(&lock);
+    return 1;
+}
+
+int cfr_try_release(fuse_req_t req, fuse_ino_t ino) {
+    if (!stats.passthrough) return 0;
+    pthread_mutex_lock(&lock);
+    cfr_opened **slot = opened_slot(ino);
+    if (*slot) release_one(slot);
+    pthread_mutex_unlock(&lock);
+    fuse_reply_err(req, 0);
+    return 1;
 }

@@ -37,6 +37,13 @@ typedef struct {
     uint64_t opendirs;     /* OPENDIRs answered here */
     uint64_t listings;     /* directory listings in the listing table now */
     uint64_t listing_bytes; /* ... and the memory they take */
+    uint64_t passthrough;  /* 1 when the kernel granted FUSE passthrough at INIT */
+    uint64_t pt_opens;     /* OPENs answered with the block file handed to the kernel */
+    uint64_t cached_opens; /* OPENs answered for reads through READ requests */
+    uint64_t pt_refused;   /* block files the kernel refused as backing files */
+    uint64_t backing_files; /* backing files registered with the kernel now ... */
+    uint64_t kept_backings; /* ... of them kept by blocks in the table for their next opens */
+    uint64_t opened;       /* inodes with OPENs not yet RELEASEd now */
 } cfr_stats_t;
 
 /* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE), the most blocks kept and the
@@ -89,6 +96,17 @@ void cfr_mark_listing(struct fuse_file_info *fi);
 
 /* Called from FUSE_INIT: the connection's limits on requests in flight (see the .c file). */
 void cfr_init_connection(struct fuse_conn_info *conn);
+
+/* FUSE passthrough (kernel >= 6.9; see "passthrough" in the .c file). Ask for it before the
+ * mount (`on` 1); cfr_process_buf() then negotiates it in FUSE_INIT, which libfuse 3.14 cannot,
+ * and hands every other request to fuse_session_process_buf() unchanged. Once granted, every
+ * OPEN and RELEASE of a file is answered here: a file whose one block is in the table and
+ * checks out is handed to the kernel, which reads the block file itself (no READ reaches
+ * user space); any other file is opened for READ requests, served as without passthrough. */
+void cfr_want_passthrough(int on);
+void cfr_process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd);
+int cfr_try_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+int cfr_try_release(fuse_req_t req, fuse_ino_t ino);
 
 /* 1 if `fd` has data to read within `wait_us` microseconds (0: right now). */
 int cfr_fd_readable(int fd, int wait_us);

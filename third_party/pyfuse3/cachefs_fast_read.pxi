@@ -29,6 +29,13 @@ cdef extern from "cachefs_fast_read.h":
         uint64_t opendirs
         uint64_t listings
         uint64_t listing_bytes
+        uint64_t passthrough
+        uint64_t pt_opens
+        uint64_t cached_opens
+        uint64_t pt_refused
+        uint64_t backing_files
+        uint64_t kept_backings
+        uint64_t opened
     void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries)
     int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                      uint64_t file_id, const char *path, uint64_t length,
@@ -52,6 +59,10 @@ cdef extern from "cachefs_fast_read.h":
     void cfr_set_cache_listings(int on)
     void cfr_mark_listing(fuse_file_info *fi)
     void cfr_init_connection(fuse_conn_info *conn)
+    void cfr_want_passthrough(int on)
+    void cfr_process_buf(fuse_session *se, const fuse_buf *buf, int fd)
+    int cfr_try_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi)
+    int cfr_try_release(fuse_req_t req, fuse_ino_t ino)
 
 #: True: this pyfuse3 answers READs of registered blocks in C.
 FAST_READ = True
@@ -138,6 +149,13 @@ def cache_listings(bint on):
     cfr_set_cache_listings(on)
 
 
+def fast_passthrough(bint on):
+    '''Ask the kernel for FUSE passthrough at the next mount's INIT (call before main()):
+    granted, every OPEN and RELEASE is answered in C, and a file whose one block is in the
+    table is read by the kernel from the block file (``fast_read_stats()['passthrough']``).'''
+    cfr_want_passthrough(on)
+
+
 def fast_read_stats():
     '''The table's counters (see cachefs_fast_read.h).'''
     cdef cfr_stats_t s
@@ -151,4 +169,8 @@ def fast_read_stats():
         'batches': s.batches, 'batched': s.batched,
         'readdirs': s.readdirs, 'opendirs': s.opendirs, 'listings': s.listings,
         'listing_bytes': s.listing_bytes,
+        'passthrough': s.passthrough, 'pt_opens': s.pt_opens,
+        'cached_opens': s.cached_opens, 'pt_refused': s.pt_refused,
+        'backing_files': s.backing_files, 'kept_backings': s.kept_backings,
+        'opened': s.opened,
     }

@@ -94,19 +94,27 @@ def test_a_tiny_run_measures_what_each_pass_says(tmp_path, capsys):
     assert main(argv) == 0
     results = json.loads(out.read_text())
     by_key = {(p["pass"], p["system"], p["readers"]): p for p in results["passes"]}
+    passthrough_granted = results["native_counters"]["passthrough"]["passthrough"] == 1
     for readers in (1, 2):
         native = by_key[("first_read_ram", "native", readers)]["worker"]
         python = by_key[("first_read_ram", "python", readers)]["worker"]
+        handed = by_key[("first_read_ram", "passthrough", readers)]["worker"]
         assert (native["native_reads"], native["python_reads"]) == (40, 0)
         assert (python["native_reads"], python["python_reads"]) == (0, 40)
-        assert native["misses"] == python["misses"] == 0
+        assert native["passthrough_opens"] == python["passthrough_opens"] == 0
+        assert native["misses"] == python["misses"] == handed["misses"] == 0
+        if passthrough_granted:  # every file one block: the kernel read each block file
+            assert handed["passthrough_opens"] == 40
+            assert handed["native_reads"] == handed["python_reads"] == 0
+        else:  # a kernel without FUSE passthrough: the native path, as "native"
+            assert (handed["native_reads"], handed["python_reads"]) == (40, 0)
     echo3 = by_key[("first_read_ram_echo3", "native", 2)]["worker"]
     assert echo3["native_reads"] == 40 and echo3["python_reads"] == 0
     assert by_key[("first_read_source", "native", 2)]["worker"]["misses"] > 0
     assert "| first_read_ram (files/s) | 2 |" in render(results)
     # The second cold walk of the namespace (300 files in 300 class directories + train) is
     # listed from the binding: its listings were registered by the first.
-    walk = by_key[("walk_cold_second", "native", 1)]
+    walk = by_key[("walk_cold_second", "passthrough", 1)]
     assert walk["files"] == 300 + 300 + 1
     assert by_key[("walk_cold_first", "tmpfs", 1)]["files"] == walk["files"]
     assert "worker_rss" in walk
