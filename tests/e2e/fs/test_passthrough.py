@@ -20,6 +20,7 @@ Needs the patched pyfuse3 (scripts/setup.sh) and a kernel that grants passthroug
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import random
 import threading
@@ -107,6 +108,14 @@ def test_cached_single_block_files_are_read_by_the_kernel_alone(tmp_path):
         assert after["reads"] == before["reads"]
         assert fuse_op_count(worker, "read") == python_reads
         assert after["pt_refused"] == after["corrupt"] == after["vanished"] == 0
+        # mmap maps the block file's own pages (read-only).
+        with open(worker.path("ds", "s/size100000.bin"), "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        with mapped:
+            assert mapped[:] == single["s/size100000.bin"]
+        after = native_stats(worker)
+        assert after["pt_opens"] - before["pt_opens"] == len(single) + 1
+        assert after["reads"] == before["reads"]
 
         before = after
         for name, data in {**empty, **multi}.items():  # ordinary opens, READs served in C
