@@ -92,12 +92,14 @@ class FuseMount:
         fuse_ops.terminate()
 
     def unmount(self) -> None:
-        fuse_ops.unmount()
+        # The native table first, while the session's /dev/fuse is still open: emptying it
+        # closes the kernel ids of its backing files (passthrough) on that descriptor.
         native = self._fs.native
         if native is not None:
             self._metrics.native_reads = native.stats().copy  # keep the last counts
             native.close()
             self._fs.native = None
+        fuse_ops.unmount()
         self.mounted = False
 
     async def wait_for_init(self, mount_path: str) -> None:

@@ -76,7 +76,8 @@ typedef struct cfr_block {
     char *path;
     int fd;                       /* the open block file, or -1 */
     int32_t backing_id;           /* its kernel backing-file id (passthrough), or 0 */
-    int64_t checked_ctime_ns;     /* the file's ctime when its chunks were last checked */
+    int64_t checked_ctime_ns;     /* the file's ctime and inode number when its chunks were */
+    uint64_t checked_ino;         /* last checked (for its backing file) */
     struct cfr_opened *opened;    /* the open files reading through that backing file */
     struct cfr_block *bk_older;   /* blocks with a backing file: the bound drops the least */
     struct cfr_block *bk_newer;   /* recently opened first */
@@ -644,6 +645,7 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
     b->index = index;
     b->backing_id = 0;
     b->checked_ctime_ns = 0;
+    b->checked_ino = 0;
     b->opened = NULL;
     b->bk_older = b->bk_newer = NULL;
     b->length = length;
@@ -1020,6 +1022,7 @@ typedef struct cfr_opened {
 } cfr_opened;
 
 static int passthrough_wanted, dev_fd = -1;
+static int backing_denied; /* the kernel said EPERM (no CAP_SYS_ADMIN): stop asking */
 static cfr_opened *opened[OPENED_SLOTS];
 static cfr_block *oldest_backing, *newest_backing;
 
@@ -1037,6 +1040,29 @@ static uint32_t get_u32(const unsigned char *p) {
     memcpy(&v, p, 4);
     return v;
 }
+
+static void unlist_backing(cfr_block *b);
+
+/* A new connection: nothing of the last one's backing files or open files is valid (its
+ * ids died with its /dev/fuse). */
+static void forget_connection(void) {
+    for (cfr_block *b = newest_backing; b; b = newest_backing) {
+        unlist_backing(b);
+        b->backing_id = 0;
+        b->opened = NULL;
+    }
+    for (size_t i = 0; i < OPENED_SLOTS; i++)
+        while (opened[i]) {
+            cfr_opened *o = opened[i];
+            opened[i] = o->next;
+            free(o);
+        }
+    stats.passthrough = stats.backing_files = stats.kept_backings = stats.opened = 0;
+    dev_fd = -1;
+    backing_denied = 0;
+}
+
+#define CFR_INIT_WRITEBACK_CACHE (1u << 16) /* the kernel refuses passthrough with it */
 
 /* libfuse answers INIT into a pipe; its reply, with passthrough added, goes to the kernel. */
 static void init_with_passthrough(struct fuse_session *se, const struct fuse_buf *buf, int fd) {
@@ -1060,20 +1086,28 @@ static void init_with_passthrough(struct fuse_session *se, const struct fuse_buf
     close(saved);
     close(pipe_fds[1]);
     unsigned char reply[sizeof(struct cfr_out_header) + INIT_OUT_SIZE + 64];
+    unsigned char original[sizeof reply];
     ssize_t n = read(pipe_fds[0], reply, sizeof reply);
     close(pipe_fds[0]);
-    if (n <= 0) return; /* libfuse answered nothing */
+    if (n <= 0) return; /* libfuse's own write failed: it would have answered nothing */
+    memcpy(original, reply, (size_t)n);
     struct cfr_out_header out;
     memcpy(&out, reply, sizeof out);
     int granted = 0;
-    if ((size_t)n >= sizeof out + INIT_OUT_SIZE && out.len == (uint32_t)n && out.error == 0) {
-        unsigned char *arg = reply + sizeof out;
+    unsigned char *arg = reply + sizeof out;
+    if ((size_t)n >= sizeof out + INIT_OUT_SIZE && out.len == (uint32_t)n && out.error == 0 &&
+        !(get_u32(arg + INIT_OUT_FLAGS) & CFR_INIT_WRITEBACK_CACHE)) {
         put_u32(arg + INIT_OUT_FLAGS, get_u32(arg + INIT_OUT_FLAGS) | CFR_INIT_EXT);
         put_u32(arg + INIT_OUT_FLAGS2, get_u32(arg + INIT_OUT_FLAGS2) | CFR_INIT2_PASSTHROUGH);
         put_u32(arg + INIT_OUT_MAX_STACK_DEPTH, 1); /* backing files on tmpfs, ext4, ...: 0 */
         granted = 1;
     }
-    if (write(fd, reply, (size_t)n) == n && granted) {
+    ssize_t written = write(fd, reply, (size_t)n);
+    if (written != n && granted) { /* refused with passthrough: libfuse's reply as it was */
+        granted = 0;
+        written = write(fd, original, (size_t)n);
+    }
+    if (written == n && granted) {
         pthread_mutex_lock(&lock);
         dev_fd = fd;
         stats.passthrough = 1;
@@ -1092,6 +1126,11 @@ void cfr_process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd
     }
     memcpy(&in, mem, sizeof in);
     memcpy(&init, mem + sizeof in, sizeof init);
+    if (in.opcode == CFR_OP_INIT) {
+        pthread_mutex_lock(&lock);
+        forget_connection();
+        pthread_mutex_unlock(&lock);
+    }
     if (in.opcode != CFR_OP_INIT || !(init.flags & CFR_INIT_EXT) ||
         !(init.flags2 & CFR_INIT2_PASSTHROUGH)) {
         fuse_session_process_buf(se, buf); /* not INIT, or a kernel without passthrough */
@@ -1153,47 +1192,94 @@ static int64_t ctime_ns(const struct stat *st) {
     return (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
 }
 
+/* stat() of block `b`'s file (its open descriptor if it has one); -1 if that fails, and the
+ * block is dropped from the table when the file is gone. */
+static int stat_block(cfr_block *b, struct stat *st) {
+    if ((b->fd >= 0 ? fstat(b->fd, st) : stat(b->path, st)) == 0) return 0;
+    if (errno == ENOENT) {
+        stats.vanished++;
+        remove_block(b);
+    }
+    return -1;
+}
+
+/* Whether `st` is the file whose chunks were last checked, unchanged since (same inode, ctime
+ * and size: a write to it moves its ctime). */
+static int unchanged_since_check(const cfr_block *b, const struct stat *st) {
+    return b->checked_ino == (uint64_t)st->st_ino && b->checked_ctime_ns == ctime_ns(st) &&
+           (uint64_t)st->st_size == b->length;
+}
+
+/* Check every chunk of block `b`'s file, whose stat() before the read is `st` (a write after
+ * it moves the ctime), and remember that it was checked; -1 (the block dropped from the table
+ * when it is short, long or corrupt) if it fails. */
+static int check_block(cfr_block *b, const struct stat *st) {
+    if ((uint64_t)st->st_size != b->length) { /* a passthrough read would go by this size */
+        stats.vanished++;
+        remove_block(b);
+        return -1;
+    }
+    if (reserve(&scratch_buf, &scratch_cap, b->length) != 0 ||
+        read_checked(b, scratch_buf, 0, b->length) != 0)
+        return -1;
+    b->checked_ino = (uint64_t)st->st_ino;
+    b->checked_ctime_ns = ctime_ns(st);
+    return 0;
+}
+
 /* Block `b`'s backing-file id: made after checking every chunk of its file, then kept for the
- * next opens (at most MAX_BACKING_FILES blocks keep one) as long as the file's ctime and size
- * stay what they were when it was checked; a write to the file moves its ctime, and the next
- * open checks it again. 0 if the block fails its checksums (it is then dropped), cannot be
- * read, or the kernel refuses. Between two checks the kernel reads the file as it is, as it
- * serves the pages a READ put in the page cache: a block is checked when it enters the path. */
+ * next opens (at most MAX_BACKING_FILES blocks keep one) as long as the file is unchanged since
+ * (unchanged_since_check); a write to it moves its ctime, and the next open checks it again.
+ * 0 if the block fails its checks (it is then dropped), cannot be read, or the kernel refuses.
+ * Between two checks the kernel reads the file as it is, as it serves the pages a READ put in
+ * the page cache: a block is checked when it enters the path. */
 static int32_t block_backing(cfr_block *b) {
     struct stat st;
-    if ((b->fd >= 0 ? fstat(b->fd, &st) : stat(b->path, &st)) != 0) {
-        if (errno == ENOENT) { /* removed behind the table's back: forget it */
+    if (b->backing_id > 0) {
+        if (stat_block(b, &st) != 0) return 0;
+        if (unchanged_since_check(b, &st)) {
+            if (newest_backing != b) {
+                unlist_backing(b);
+                list_backing_newest(b);
+            }
+            return b->backing_id;
+        }
+        drop_backing(b);
+    }
+    if (backing_denied) return 0;
+    int fd = block_fd(b); /* the descriptor registered is the one whose file is checked */
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        if (fd < 0 && errno == ENOENT) {
             stats.vanished++;
             remove_block(b);
         }
         return 0;
     }
-    if (b->backing_id > 0 && ctime_ns(&st) == b->checked_ctime_ns &&
-        (uint64_t)st.st_size == b->length) {
-        if (newest_backing != b) {
-            unlist_backing(b);
-            list_backing_newest(b);
-        }
-        return b->backing_id;
-    }
-    drop_backing(b);
-    /* The ctime was taken before the chunks are read: a write after that moves it. */
-    if (reserve(&scratch_buf, &scratch_cap, b->length) != 0 ||
-        read_checked(b, scratch_buf, 0, b->length) != 0)
-        return 0;
-    struct cfr_backing_map map = {.fd = b->fd, .flags = 0, .padding = 0};
+    if (check_block(b, &st) != 0) return 0;
+    struct cfr_backing_map map = {.fd = fd, .flags = 0, .padding = 0};
     int id = ioctl(dev_fd, CFR_DEV_IOC_BACKING_OPEN, &map);
     if (id <= 0) {
         stats.pt_refused++;
+        if (errno == EPERM) backing_denied = 1; /* not CAP_SYS_ADMIN: never will */
         return 0;
     }
     stats.backing_files++;
     while (stats.kept_backings >= MAX_BACKING_FILES && oldest_backing) drop_backing(oldest_backing);
     b->backing_id = id;
-    b->checked_ctime_ns = ctime_ns(&st);
     list_backing_newest(b);
     stats.kept_backings++;
     return id;
+}
+
+/* With files of an inode open on block `b`'s backing file: whether a new open may read it too.
+ * Not if the block file changed since it was checked and fails its checks now (the block is
+ * then dropped, and its backing file handed to the open files' record) or is another file. */
+static int backing_still_good(cfr_block *b) {
+    struct stat st;
+    if (stat_block(b, &st) != 0) return 0;
+    if (unchanged_since_check(b, &st)) return 1;
+    if ((uint64_t)st.st_ino != b->checked_ino) return 0; /* not the file the kernel reads */
+    return check_block(b, &st) == 0;
 }
 
 static void release_one(cfr_opened **slot) {
@@ -1235,9 +1321,12 @@ int cfr_try_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
     if (o->backing_id > 0) {
         out.open_flags |= CFR_FOPEN_PASSTHROUGH;
         out.backing_id = o->backing_id;
-        /* The block left the table (evicted, or its file refreshed): same backing file, as
-         * the kernel requires, but reads go to READ requests, which read what is served now. */
-        if (!o->block || whole_file_block(ino) != o->block) out.open_flags |= CFR_FOPEN_DIRECT_IO;
+        /* The block left the table (evicted, refreshed, or its file changed and failed its
+         * checks): the same backing file, as the kernel requires, but read() goes to READ
+         * requests, which read what the snapshot serves now. (mmap() would still map the
+         * backing file: the kernel gives it no other way while files are open on it.) */
+        if (!o->block || whole_file_block(ino) != o->block || !backing_still_good(o->block))
+            out.open_flags |= CFR_FOPEN_DIRECT_IO;
         stats.pt_opens++;
     } else {
         out.open_flags |= CFR_FOPEN_KEEP_CACHE;

@@ -233,6 +233,59 @@ def test_a_corrupted_block_file_is_never_handed_to_the_kernel(tmp_path):
         worker.cleanup()
 
 
+def flip_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xA5]))
+
+
+def test_a_block_file_changed_under_open_files_is_checked_before_a_new_open_reads_it(tmp_path):
+    """While a file is open on its block's backing file, a new open gets the same backing file
+    (the kernel's rule), but only after the block file is checked again if it changed: a
+    corrupt one is dropped and the new open reads through READs (right bytes); one that grew
+    is never handed to the kernel (a passthrough read goes by the backing file's size)."""
+    rng = random.Random(8)
+    files = {"held.bin": rng.randbytes(180_000), "grown.bin": rng.randbytes(90_000)}
+    make_source(tmp_path / "src", files)
+    worker = WorkerProcess(str(tmp_path / "w"), extra_args=PASSTHROUGH).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}", block_size=BLOCK)
+        for name, data in files.items():
+            assert read_whole(worker.path("ds", name)) == data
+        require_passthrough(worker)
+        drop_pages_keep_dentries()
+        for name, data in files.items():  # backing files made and kept
+            assert read_whole(worker.path("ds", name)) == data
+        wait_all_released(worker)
+        assert native_stats(worker)["kept_backings"] == 2
+
+        held = os.open(worker.path("ds", "held.bin"), os.O_RDONLY)
+        try:
+            assert pread_whole(held, 1 << 20) == files["held.bin"]
+            flip_byte(worker.client.resolve("ds", "held.bin")["blocks"][0]["file"], 123_456)
+            before = native_stats(worker)
+            assert read_whole(worker.path("ds", "held.bin")) == files["held.bin"]
+            after = native_stats(worker)
+            assert after["corrupt"] == before["corrupt"] + 1  # checked again, dropped
+            assert after["pt_opens"] == before["pt_opens"] + 1  # same backing, direct I/O
+            assert worker.status()["cache"]["corrupt"] == 1  # the READ path refetched it
+        finally:
+            os.close(held)
+
+        block_file = worker.client.resolve("ds", "grown.bin")["blocks"][0]["file"]
+        with open(block_file, "ab") as f:  # a block file longer than its block
+            f.write(b"extra bytes")
+        drop_pages_keep_dentries()
+        got = read_whole(worker.path("ds", "grown.bin"))
+        assert got == files["grown.bin"]
+        assert native_stats(worker)["vanished"] >= 1
+        wait_all_released(worker)
+    finally:
+        worker.cleanup()
+
+
 def test_a_file_held_open_across_its_eviction_still_reads_right_bytes(tmp_path, own_tmpfs):  # noqa: F811
     rng = random.Random(41)
     kept = rng.randbytes(200_000)
