@@ -40,6 +40,7 @@ from tests.e2e.fs.test_native_reads import (
     worker_fds,
 )
 from tests.e2e.fs.test_no_open import fuse_op_count
+from tests.e2e.fs.test_verified_reads import flip_byte
 from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import WorkerProcess
 
@@ -193,11 +194,7 @@ def test_a_corrupted_block_file_is_never_handed_to_the_kernel(tmp_path):
         assert read_whole(path) == data
         require_passthrough(worker)
         block_file = worker.client.resolve("ds", "f.bin")["blocks"][0]["file"]
-        with open(block_file, "r+b") as f:  # one byte of the block's second chunk, in place
-            f.seek(150_000)
-            byte = f.read(1)
-            f.seek(150_000)
-            f.write(bytes([byte[0] ^ 0x5A]))
+        flip_byte(block_file, 150_000)  # one byte of the block's second chunk, in place
         drop_pages_keep_dentries()
         assert read_whole(path) == data
         assert native_stats(worker)["corrupt"] == 1  # checked at OPEN, before any backing file
@@ -218,11 +215,7 @@ def test_a_corrupted_block_file_is_never_handed_to_the_kernel(tmp_path):
         wait_all_released(worker)
         assert native_stats(worker)["kept_backings"] == 1
         block_file = worker.client.resolve("ds", "f.bin")["blocks"][0]["file"]
-        with open(block_file, "r+b") as f:
-            f.seek(7)
-            byte = f.read(1)
-            f.seek(7)
-            f.write(bytes([byte[0] ^ 0x01]))
+        flip_byte(block_file, 7)
         drop_pages_keep_dentries()
         assert read_whole(path) == data
         stats = native_stats(worker)
@@ -231,14 +224,6 @@ def test_a_corrupted_block_file_is_never_handed_to_the_kernel(tmp_path):
         wait_all_released(worker)
     finally:
         worker.cleanup()
-
-
-def flip_byte(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xA5]))
 
 
 def test_a_block_file_changed_under_open_files_is_checked_before_a_new_open_reads_it(tmp_path):
