@@ -26,7 +26,7 @@ from cachefs.cluster.preload import PreloadSource
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, EmptySource
 from cachefs.fs.blocks import DataSource
 from cachefs.fs.core import MOUNT_ROOT, FileSystem, MountedDataset
-from cachefs.meta import BuildResult, Snapshot, build_snapshot
+from cachefs.meta import BuildResult, Entry, Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.protocol import DatasetSpec
 from cachefs.registry import Registry
@@ -380,7 +380,10 @@ class DatasetManager:
                 self._fs.add_dataset(MountedDataset(name, spec.slot, new_snapshot, source))
                 await self._kernel.forget_inode(MOUNT_ROOT)  # the root's listing gains it
             else:
-                old_snapshot = self._fs.replace_snapshot(name, new_snapshot, source)
+                retired = await self._blocking(
+                    _retired_files, previous, result.removed + result.replaced
+                )
+                old_snapshot = self._fs.replace_snapshot(name, new_snapshot, source, retired)
                 try:
                     await self._forget_changes(dataset, old_snapshot, result)
                 finally:
@@ -389,7 +392,7 @@ class DatasetManager:
             self._errors.pop(name, None)
             self._last_refresh[name] = time.time()
             status = self.describe(spec)
-            status["changed"] = len(result.changed_inos)
+            status["changed"] = len(result.changed_inos) + len(result.replaced)
             status["removed"] = len(result.removed)
             return status
 
@@ -411,7 +414,7 @@ class DatasetManager:
             return
         for local_ino in result.changed_inos:
             await self._kernel.forget_inode(ino_of(local_ino))
-        for parent_local, name in result.removed:
+        for parent_local, name in result.removed + result.replaced:
             await self._kernel.forget_entry(ino_of(parent_local), name)
         for dir_local in result.listings_changed:  # the kernel may keep listings
             await self._kernel.forget_inode(ino_of(dir_local))
@@ -424,6 +427,13 @@ def _removes_a_directory(old: Snapshot, removed: list[tuple[int, bytes]]) -> boo
         if entry is not None and entry.is_dir:
             return True
     return False
+
+
+def _retired_files(old: Snapshot, removed: list[tuple[int, bytes]]) -> list[Entry]:
+    """The old entries of the files among a refresh's removed entries (gone, or replaced by new
+    bytes under a new inode): a process holding one open goes on reading it."""
+    entries = (old.lookup(parent, name) for parent, name in removed)
+    return [entry for entry in entries if entry is not None and not entry.is_dir]
 
 
 def _every_dir(old: Snapshot, new: Snapshot) -> list[int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from cachefs.cache.base import CheckedBlock, OpenBlock
@@ -42,6 +42,8 @@ LOCAL_MASK = (1 << SLOT_SHIFT) - 1
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 #: Files whose version no-open reads remember (see FileSystem._versions); ~300 bytes each.
 VERSIONS_KEPT = 8192
+#: Files a refresh removed or replaced whose old entries stay readable (see FileSystem._retired).
+RETIRED_KEPT = 8192
 
 
 class Attr(NamedTuple):
@@ -100,9 +102,14 @@ class FileSystem:
         # No-open mode: global inode -> (source, version) of files recently looked up or read,
         # so that a READ does not decode the snapshot entry again (the kernel sends a LOOKUP,
         # then the READs of the file). Emptied whenever a snapshot or the set of datasets
-        # changes — a refresh gives a changed file a new version under the same inode — and
-        # when full (entries are only worth keeping for the few moments a file is being read).
+        # changes (it holds sources, and files a refresh removed), and when full (entries are
+        # only worth keeping for the few moments a file is being read).
         self._versions: dict[int, tuple[DataSource, FileVersion]] = {}
+        # Global inode -> snapshot entry of files the last refreshes removed, or replaced by new
+        # bytes (which get a new inode, cachefs/meta/build.py). A process that holds one open
+        # goes on reading its old bytes by its old inode (no-open READs, getattr), as on a local
+        # filesystem after an unlink; the oldest are forgotten beyond RETIRED_KEPT.
+        self._retired: dict[int, Entry] = {}
 
     # --- datasets ----------------------------------------------------------------------------
 
@@ -118,6 +125,10 @@ class FileSystem:
         dataset = self._by_name.pop(name.encode(), None)
         if dataset is not None:
             del self._by_slot[dataset.slot]
+            slot = dataset.slot
+            self._retired = {
+                ino: entry for ino, entry in self._retired.items() if ino >> SLOT_SHIFT != slot
+            }
             self._changed(dataset.slot)
             self._root_mtime_ns = time.time_ns()
         return dataset
@@ -128,10 +139,18 @@ class FileSystem:
     def datasets(self) -> list[MountedDataset]:
         return sorted(self._by_slot.values(), key=lambda d: d.slot)
 
-    def replace_snapshot(self, name: str, snapshot: Snapshot, source: DataSource) -> Snapshot:
-        """Atomically serve a new snapshot (the trio loop is single-threaded); return the old."""
+    def replace_snapshot(
+        self, name: str, snapshot: Snapshot, source: DataSource, retired: Iterable[Entry] = ()
+    ) -> Snapshot:
+        """Atomically serve a new snapshot (the trio loop is single-threaded); return the old.
+        ``retired``: the old snapshot's entries of files the new one removed or gave new bytes
+        (and a new inode): processes holding them open go on reading them."""
         dataset = self._by_name[name.encode()]
         old = dataset.snapshot
+        for entry in retired:
+            self._retired[dataset.slot << SLOT_SHIFT | entry.ino] = entry
+        while len(self._retired) > RETIRED_KEPT:
+            del self._retired[next(iter(self._retired))]  # the oldest (insertion order)
         self._changed(dataset.slot)  # before the new snapshot serves a READ
         dataset.snapshot = snapshot
         dataset.source = source
@@ -199,10 +218,17 @@ class FileSystem:
         if ino == MOUNT_ROOT:
             return self._root_attr()
         dataset = self._dataset_of(ino)
+        return self._attr(dataset, self._entry(dataset, ino))
+
+    def _entry(self, dataset: MountedDataset, ino: int) -> Entry:
+        """The snapshot entry of inode ``ino`` of ``dataset``: served now, or retired by a
+        refresh while a process may still hold it open."""
         entry = dataset.snapshot.getattr(ino & LOCAL_MASK)
         if entry is None:
+            entry = self._retired.get(ino)
+        if entry is None:
             raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
-        return self._attr(dataset, entry)
+        return entry
 
     def readdir(self, ino: int, after: int) -> Iterator[tuple[bytes, Attr, int]]:
         """(name, attributes, resume token) of each entry after the one ``after`` names (0 =
@@ -272,9 +298,7 @@ class FileSystem:
         if ino == MOUNT_ROOT:
             raise IsADirectory("the mount root is a directory")
         dataset = self._dataset_of(ino)
-        entry = dataset.snapshot.getattr(ino & LOCAL_MASK)
-        if entry is None:
-            raise PathNotFound(f"inode {ino} not in dataset {dataset.name!r}")
+        entry = self._entry(dataset, ino)
         if entry.is_dir:
             raise IsADirectory(f"{entry.name!r} is a directory")
         return dataset, entry
@@ -296,9 +320,8 @@ class FileSystem:
 
     async def read_inode(self, ino: int, offset: int, size: int) -> bytes:
         """Read by inode, for FUSE's no-open mode (the kernel sends no OPEN, so there is no
-        handle). The file's version is that of the snapshot served now (remembered, but
-        forgotten whenever a snapshot is swapped): after a refresh the kernel's cached pages of
-        changed inodes are invalidated, so old and new bytes are never mixed."""
+        handle). An inode names one version of a file for good (a refresh gives new bytes a
+        new inode), so old and new bytes are never mixed, in a reader or in the page cache."""
         remembered = self._versions.get(ino)
         if remembered is None:
             dataset, entry = self._file_entry(ino)

@@ -21,9 +21,12 @@ mode, uid and gid (the root's come with the marker ""); entries it lists with an
 
 Inodes are stable across refreshes: a path that existed in ``previous`` with the same kind gets
 the same inode (looked up through the previous snapshot's dirents, one component at a time,
-riding on the directory chain, so a file costs two reads of ``previous``); every other path gets
-a new inode from ``previous``'s ``next_ino``, so an inode number is never given to a second path
-in the life of a dataset (the kernel may still cache the old one).
+riding on the directory chain, so a file costs two reads of ``previous``), unless it is a file
+whose bytes changed (size or etag). Every other path, and every file with new bytes, gets a new
+inode from ``previous``'s ``next_ino``, so an inode number is never given to a second path or to
+a second version of a file in the life of a dataset. The kernel keeps pages per inode: a process
+that still holds the old version open reads the old inode, whose pages stay the old bytes, and
+never lends them to a process that opens the new version.
 
 Writes go in transactions of ``_BATCH_ENTRIES`` entries with ``sync=False``; keys above
 everything already written use LMDB's append mode (sorted input makes that nearly all of them).
@@ -75,7 +78,7 @@ _BATCH_ENTRIES = 50_000  # entries per write transaction
 # LMDB's map size is address space, not disk: the file grows only as pages are written.
 # ~200 bytes per object, so this holds a few hundred million objects.
 _MAP_SIZE = 64 << 30
-RESULT_CAP = 100_000  # most changed inodes / removed entries a BuildResult lists
+RESULT_CAP = 100_000  # most entries each list of a BuildResult holds
 _MAX_SAMPLES = 20
 _SAMPLE_CHARS = 200
 _STAGED_DB = b"staged-inodes"  # exists only during a refresh build (see _inodes_for)
@@ -84,17 +87,21 @@ _STAGED_DB = b"staged-inodes"  # exists only during a refresh build (see _inodes
 @dataclass(frozen=True)
 class BuildResult:
     stats: SnapshotStats
-    # Files whose etag or size changed vs `previous`, and files and directories whose recorded
-    # mode or owner changed (for kernel cache invalidation: attributes are cached too).
+    # Files and directories whose recorded mode or owner changed, same inode (for kernel cache
+    # invalidation: attributes are cached too).
     changed_inos: list[int]
     # (parent ino, name) present in `previous` and gone now. Only the topmost entry of a removed
     # subtree is listed: invalidating a directory's dentry drops everything below it. A path
     # whose kind changed (file <-> directory) is listed too: it has a new inode now.
     removed: list[tuple[int, bytes]]
-    overflow: bool  # True if either list hit RESULT_CAP: invalidate everything instead
-    # Directories of `previous` whose list of entries changed (an entry added or removed): the
-    # kernel may keep listings (pyfuse3.cache_listings) and must forget these.
+    overflow: bool  # True if any list hit RESULT_CAP: invalidate everything instead
+    # Directories of `previous` whose list of entries changed (an entry added, removed or
+    # given a new inode): the kernel may keep listings (pyfuse3.cache_listings) and must forget
+    # these.
     listings_changed: list[int] = field(default_factory=list)
+    # (parent ino, name) of files whose bytes (size or etag) changed: the name leads to a new
+    # inode now, and the kernel must forget its dentry of the old one.
+    replaced: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 def build_snapshot(
@@ -318,6 +325,12 @@ class _Builder:
             ) from None
         name = raw_key[raw_key.rfind(b"/") + 1 :]
         ino, prev_record = self._inode_for(parent, name, KIND_FILE)
+        if prev_record is not None:
+            _kind, prev_size, prev_etag = file_version(prev_record)
+            if prev_size != info.size or prev_etag != etag:
+                # New bytes, new inode: the old one's pages stay with whoever holds it open.
+                ino, prev_record = self._new_ino(), None
+                self._listings_changed.add(parent.ino)
         ino_key = INO.pack(ino)
         if not self._dirents.put(parent.ino_key + name, ino_key, overwrite=False):
             self._skip(CONFLICT, info.key)  # a directory or an earlier object has this path
@@ -327,14 +340,8 @@ class _Builder:
             parent.mtime = info.mtime_ns
         self._files += 1
         self._bytes += info.size
-        if prev_record is not None:
-            _kind, prev_size, prev_etag = file_version(prev_record)
-            if (
-                prev_size != info.size
-                or prev_etag != etag
-                or permissions_of(prev_record) != permissions_of(record)
-            ):
-                self._note_changed(ino)
+        if prev_record is not None and permissions_of(prev_record) != permissions_of(record):
+            self._note_changed(ino)
         self._count_write()
 
     def _skip(self, reason: str, key: str) -> None:
@@ -453,11 +460,14 @@ class _Builder:
                 if prev_record[0] == kind:
                     return INO.unpack(prev_key)[0], prev_record
             self._listings_changed.add(parent.ino)  # a new entry in a directory of previous
+        return self._new_ino(), None
+
+    def _new_ino(self) -> int:
         ino = self._next_ino
         if ino >= MAX_INO:
             raise SnapshotError(f"snapshot at {self._dest!r}: inode numbers exhausted")
         self._next_ino = ino + 1
-        return ino, None
+        return ino
 
     def _prev_record(self, ino_key: bytes) -> bytes:
         """The previous snapshot's record of an inode it has, in the current format."""
@@ -509,7 +519,7 @@ class _Builder:
         del self._txn
 
         changed = self._surviving_changed()
-        removed = self._find_removed()
+        removed, replaced = self._find_removed()
         stats = SnapshotStats(
             files=self._files,
             dirs=self._dirs,
@@ -522,9 +532,11 @@ class _Builder:
         self._env.sync(True)
         self._env.close()
         _mark_complete(self._dest, stats, self._next_ino)
-        listings = self._listings_changed | {parent for parent, _name in removed}
+        listings = self._listings_changed | {parent for parent, _name in removed + replaced}
         overflow = self._overflow or len(listings) > RESULT_CAP
-        return BuildResult(stats, changed, removed, overflow, sorted(listings)[:RESULT_CAP])
+        return BuildResult(
+            stats, changed, removed, overflow, sorted(listings)[:RESULT_CAP], replaced
+        )
 
     def _move_staged(self) -> None:
         """Append the staged records (all above every reused inode) to ``inodes``, a batch per
@@ -558,12 +570,15 @@ class _Builder:
         with self._env.begin(db=self._inodes.db) as txn:
             return [ino for ino in self._changed if txn.get(INO.pack(ino)) is not None]
 
-    def _find_removed(self) -> list[tuple[int, bytes]]:
-        """Walk the previous snapshot's dirents in key order and check each against the new
-        ones. The entries of a directory that is itself gone are skipped in one seek."""
+    def _find_removed(self) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]]:
+        """(removed, replaced): walk the previous snapshot's dirents in key order and check each
+        against the new ones. A name that leads to another inode now is *replaced* if it is a
+        file in both (its bytes changed), else removed. The entries of a directory that is
+        itself gone are skipped in one seek."""
         removed: list[tuple[int, bytes]] = []
+        replaced: list[tuple[int, bytes]] = []
         if self._prev_txn is None:
-            return removed
+            return removed, replaced
         old = self._prev_dirents
         with self._env.begin() as txn:
             new_inodes = txn.cursor(db=self._inodes.db)
@@ -580,12 +595,21 @@ class _Builder:
                     if dirent_key[:8] != parent_key:
                         found = True  # the cursor stays on the next directory's first entry
                         break
-                    if new_dirents.get(dirent_key) != child_key:
-                        if len(removed) == RESULT_CAP:
-                            self._overflow = True
-                            return removed
-                        removed.append((parent, dirent_key[8:]))
-        return removed
+                    new_child_key = new_dirents.get(dirent_key)
+                    if new_child_key == child_key:
+                        continue
+                    new_record = None if new_child_key is None else new_inodes.get(new_child_key)
+                    both_files = (
+                        new_record is not None
+                        and new_record[0] == KIND_FILE
+                        and self._prev_record(child_key)[0] == KIND_FILE
+                    )
+                    listed = replaced if both_files else removed
+                    if len(listed) == RESULT_CAP:
+                        self._overflow = True
+                        return removed, replaced
+                    listed.append((parent, dirent_key[8:]))
+        return removed, replaced
 
 
 def _mark_complete(dest: str, stats: SnapshotStats, next_ino: int) -> None:

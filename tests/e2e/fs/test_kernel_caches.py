@@ -232,3 +232,38 @@ def test_cold_listings_are_answered_in_c_with_the_same_entries_and_a_refresh_sho
         assert len(after) == len(first)
     finally:
         worker.cleanup()
+
+
+@pytest.mark.parametrize("no_open", ["on", "off"])
+def test_a_file_held_open_across_a_refresh_never_mixes_versions_with_a_new_open(tmp_path, no_open):
+    """A reader holds changing.bin open (version A) while a refresh replaces it with version B,
+    and goes on reading after it; then another process opens the file. The changed file has a
+    new inode, so the two never share the kernel's page cache: the old reader gets A (every
+    block of A is cached) and the new one B, whole, in both FUSE open modes."""
+    if no_open == "on" and not FAST_READ_SUPPORTED:
+        pytest.skip("no-open mode needs the patched pyfuse3 (scripts/setup.sh)")
+    block = 256 << 10
+    version_a, version_b = b"A" * (4 * block), b"B" * (3 * block + 1234)
+    make_source(tmp_path / "src", {"changing.bin": version_a})
+    worker = WorkerProcess(str(tmp_path / "w"), extra_args=("--fuse-no-open", no_open)).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}", block_size=block)
+        path = worker.path("ds", "changing.bin")
+        with open(path, "rb", buffering=0) as whole:
+            assert whole.read() == version_a  # every block of A is in the cache now
+        old_ino = os.stat(path).st_ino
+        drop_pages_keep_dentries()
+        with open(path, "rb", buffering=0) as held:
+            first = held.read(4096)
+            (tmp_path / "src" / "changing.bin").write_bytes(version_b)
+            assert worker.client.refresh_dataset("ds")["changed"] == 1
+            rest = held.read()  # fills the old inode's pages with A
+            with open(path, "rb", buffering=0) as fresh:
+                assert fresh.read() == version_b
+            assert first + rest == version_a
+        assert os.stat(path).st_ino != old_ino
+        drop_pages_keep_dentries()
+        with open(path, "rb", buffering=0) as again:
+            assert again.read() == version_b
+    finally:
+        worker.cleanup()

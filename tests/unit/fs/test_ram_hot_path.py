@@ -178,7 +178,10 @@ async def test_reads_after_a_lookup_decode_no_snapshot_entry(world, monkeypatch)
     assert decoded == {ino & core_module.LOCAL_MASK: 1}
 
 
-async def test_a_refresh_serves_the_changed_file_never_its_cached_old_bytes(world):
+async def test_a_refresh_gives_new_bytes_a_new_inode_and_the_old_one_keeps_its_bytes(world):
+    """The kernel keeps pages per inode: a changed file's new inode never shares them with the
+    old one, which a process holding the file open goes on reading (old bytes, from the RAM
+    tier) once the refresh retired it. A removed file that was not retired is gone."""
     old = world.files["one.bin"]
     ino = world.ino("one.bin")
     removed_ino = world.ino("d/small.bin")
@@ -189,12 +192,16 @@ async def test_a_refresh_serves_the_changed_file_never_its_cached_old_bytes(worl
     world.write("one.bin", new)
     os.utime(world.source_dir / "one.bin", ns=(1, 1))
     os.unlink(world.source_dir / "d/small.bin")
-    dataset = world.fs.dataset("ds")
-    refreshed = world.new_snapshot(previous=dataset.snapshot)
-    world.fs.replace_snapshot("ds", refreshed, world.source).close()
+    previous = world.fs.dataset("ds").snapshot
+    refreshed = world.new_snapshot(previous=previous)
+    retired = [previous.getattr(ino & core_module.LOCAL_MASK)]  # as datasets.py names them
+    world.fs.replace_snapshot("ds", refreshed, world.source, retired).close()
 
-    assert refreshed.getattr(ino & core_module.LOCAL_MASK).key == "one.bin"  # same inode
-    assert await world.read_all(ino, len(new)) == new
+    new_ino = world.ino("one.bin")
+    assert new_ino != ino
+    assert await world.read_all(new_ino, len(new)) == new
+    assert await world.read_all(ino, len(old)) == old
+    assert world.fs.getattr(ino).size == len(old)
     with pytest.raises(PathNotFound):
         await world.fs.read_inode(removed_ino, 0, 10)
 

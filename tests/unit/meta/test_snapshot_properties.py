@@ -199,19 +199,30 @@ def assert_refresh(
 ) -> None:
     old_inos = {entry.ino for entry in old_entries.values()}
     expected_changed = set()
+
+    def new_bytes(path: str) -> bool:
+        """A file in both snapshots whose bytes (size or etag) changed: it gets a new inode."""
+        if old_model.kind(path) != "file" or new_model.kind(path) != "file":
+            return False
+        old_info, new_info = old_model.files[path], new_model.files[path]
+        return (old_info.size, old_info.etag) != (new_info.size, new_info.etag)
+
     for path, entry in new_entries.items():
         kind = new_model.kind(path)
-        if old_model.kind(path) == kind:
+        if new_bytes(path):
+            assert entry.ino not in old_inos, f"{path!r} has new bytes but an old inode"
+        elif old_model.kind(path) == kind:
             assert entry.ino == old_entries[path].ino, f"{path!r} changed inode"
-            if kind == "file":
-                old_info, new_info = old_model.files[path], new_model.files[path]
-                if (old_info.size, old_info.etag) != (new_info.size, new_info.etag):
-                    expected_changed.add(entry.ino)
             if old_model.owner(path) != new_model.owner(path):  # the kernel caches attributes
                 expected_changed.add(entry.ino)
         else:
             assert entry.ino not in old_inos, f"new path {path!r} reuses an old inode"
     assert sorted(result.changed_inos) == sorted(expected_changed)
+
+    expected_replaced = {
+        (entry.parent, entry.name) for path, entry in old_entries.items() if new_bytes(path)
+    }
+    assert sorted(result.replaced) == sorted(expected_replaced)
 
     # Removed: old paths that are gone or changed kind, listed at the topmost level only
     # (their parent directory still exists in the new snapshot).
