@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import random
+from functools import partial
 
 import pytest
 
 from cachefs.client import ControlClient, ControlError
 from cachefs.fs.prefetch import Prefetcher
+from tests.damage import flip_byte
 from tests.waiting import wait_for
 from tests.worker_process import WorkerProcess, drop_page_cache, start_s3_world
 from tf_dataset.reader import CachedBlock, FileLayout, ShortCircuitReader, read_block_file
@@ -142,28 +144,13 @@ def test_prefetch_and_resolve_refuse_unknown_datasets_and_oversized_batches(worl
         assert too_many.value.status == 400
 
 
-def corrupt(path: str) -> None:
-    with open(path, "r+b") as f:
-        first = f.read(1)
-        f.seek(0)
-        f.write(bytes([first[0] ^ 0xFF]))
-
-
-def flip_last_byte(path: str) -> None:
-    with open(path, "r+b") as f:
-        f.seek(-1, os.SEEK_END)
-        last = f.read(1)
-        f.seek(-1, os.SEEK_END)
-        f.write(bytes([last[0] ^ 0x01]))
-
-
 def test_damaged_or_missing_block_files_fall_back_to_the_mount_with_exact_bytes(world):
     worker, objects, reader = world.worker, world.objects, world.reader
     damaged = {
-        "train/n01/x.jpg": corrupt,  # one flipped byte: same length, wrong checksum
+        "train/n01/x.jpg": partial(flip_byte, offset=0),  # same length, wrong checksum
         "train/n02/y.jpg": os.unlink,  # evicted behind the reader's back
         "multi/blocks.bin": lambda path: os.truncate(path, os.path.getsize(path) // 2),
-        "small/a.jpg": flip_last_byte,
+        "small/a.jpg": partial(flip_byte, offset=-1),
     }
     for key in damaged:
         read_through_mount(worker, key)

@@ -299,26 +299,21 @@ def test_a_lock_line_naming_another_device_is_matched_by_inode_and_pid(tmp_path)
     assert not names_held_lock("4: OFDLCK ADVISORY  WRITE -1 fe:00:1 0 EOF\n", stat, "4242")
 
 
-def test_asking_for_native_reads_where_they_cannot_run_is_refused(tmp_path):
-    """--fuse-fast-read on with open handles (or on a stock pyfuse3) is one line, not a
-    worker that silently serves every READ in Python."""
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        # --fuse-fast-read on with open handles (or on a stock pyfuse3)
+        (("--fuse-no-open", "off", "--fuse-fast-read", "on"), "--fuse-fast-read on needs"),
+        # --fuse-passthrough is part of the native path (the binding answers OPEN and hands
+        # the kernel the table's blocks)
+        (("--fuse-fast-read", "off", "--fuse-passthrough", "on"), "--fuse-passthrough on needs"),
+    ],
+    ids=["native-reads-with-open-handles", "passthrough-without-native-reads"],
+)
+def test_asking_for_a_native_path_where_it_cannot_run_is_refused(tmp_path, options, says):
+    """A native-path option asked for where it cannot run is one line, not a worker that
+    silently serves every READ in Python or never hands a file to the kernel."""
     mount = str(tmp_path / "mnt")
-    line = _refused(
-        "--state", str(tmp_path / "state"), "up", "--mount", mount,
-        "--fuse-no-open", "off", "--fuse-fast-read", "on",
-    )  # fmt: skip
-    assert "--fuse-fast-read on needs" in line
-    _nothing_left(tmp_path, mount)
-
-
-def test_asking_for_passthrough_without_the_native_path_is_refused(tmp_path):
-    """--fuse-passthrough on is part of the native path (the binding answers OPEN and hands
-    the kernel the table's blocks): asked for with that path off, it is one line, not a
-    worker that silently never hands a file to the kernel."""
-    mount = str(tmp_path / "mnt")
-    line = _refused(
-        "--state", str(tmp_path / "state"), "up", "--mount", mount,
-        "--fuse-fast-read", "off", "--fuse-passthrough", "on",
-    )  # fmt: skip
-    assert "--fuse-passthrough on needs" in line
+    line = _refused("--state", str(tmp_path / "state"), "up", "--mount", mount, *options)
+    assert says in line
     _nothing_left(tmp_path, mount)

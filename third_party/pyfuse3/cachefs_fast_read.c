@@ -842,16 +842,25 @@ static int reserve(unsigned char **buf, size_t *cap, size_t need) {
     return 0;
 }
 
+/* The block's file is gone or no longer the block's (short, long): drop the block. */
+static void vanished(cfr_block *b) {
+    stats.vanished++;
+    remove_block(b);
+}
+
+/* After a failed open() or stat() of the block's file: a file removed behind the table's back
+ * (ENOENT) drops the block; other errors leave it for the next READ. */
+static void vanished_if_gone(cfr_block *b) {
+    if (errno == ENOENT) vanished(b);
+}
+
 /* Read `len` bytes at `at` of the block's file into `dst` and check every chunk (the span is
  * chunk-aligned and holds whole chunks, except the block's last). 0 when good; else the block
  * is dropped from the table (its file closed) and -1 returned. */
 static int read_checked(cfr_block *b, unsigned char *dst, uint64_t at, uint64_t len) {
     int fd = block_fd(b);
     if (fd < 0) {
-        if (errno == ENOENT) { /* removed behind the table's back: forget it */
-            stats.vanished++;
-            remove_block(b);
-        }
+        vanished_if_gone(b);
         return -1;
     }
     uint64_t done = 0;
@@ -862,8 +871,7 @@ static int read_checked(cfr_block *b, unsigned char *dst, uint64_t at, uint64_t 
         done += (uint64_t)n;
     }
     if (done != len) {
-        stats.vanished++;
-        remove_block(b);
+        vanished(b);
         return -1;
     }
     for (uint64_t k = 0; k < len; k += chunk_size) {
@@ -1196,10 +1204,7 @@ static int64_t ctime_ns(const struct stat *st) {
  * block is dropped from the table when the file is gone. */
 static int stat_block(cfr_block *b, struct stat *st) {
     if ((b->fd >= 0 ? fstat(b->fd, st) : stat(b->path, st)) == 0) return 0;
-    if (errno == ENOENT) {
-        stats.vanished++;
-        remove_block(b);
-    }
+    vanished_if_gone(b);
     return -1;
 }
 
@@ -1215,8 +1220,7 @@ static int unchanged_since_check(const cfr_block *b, const struct stat *st) {
  * when it is short, long or corrupt) if it fails. */
 static int check_block(cfr_block *b, const struct stat *st) {
     if ((uint64_t)st->st_size != b->length) { /* a passthrough read would go by this size */
-        stats.vanished++;
-        remove_block(b);
+        vanished(b);
         return -1;
     }
     if (reserve(&scratch_buf, &scratch_cap, b->length) != 0 ||
@@ -1249,10 +1253,7 @@ static int32_t block_backing(cfr_block *b) {
     if (backing_denied) return 0;
     int fd = block_fd(b); /* the descriptor registered is the one whose file is checked */
     if (fd < 0 || fstat(fd, &st) != 0) {
-        if (fd < 0 && errno == ENOENT) {
-            stats.vanished++;
-            remove_block(b);
-        }
+        if (fd < 0) vanished_if_gone(b);
         return 0;
     }
     if (check_block(b, &st) != 0) return 0;

@@ -19,6 +19,7 @@ import threading
 import pytest
 
 from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
+from tests.damage import flip_byte
 from tests.e2e.fs.test_no_open import fuse_op_count
 from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import REPO_ROOT, WorkerProcess
@@ -133,11 +134,7 @@ def test_a_corrupted_block_file_is_dropped_and_refetched_never_served(tmp_path, 
         path = worker.path("ds", "f.bin")
         assert read_whole(path) == data
         block_file = worker.client.resolve("ds", "f.bin")["blocks"][1]["file"]
-        with open(block_file, "r+b") as f:  # one byte of block 1's second chunk, in place
-            f.seek(200_000)
-            byte = f.read(1)
-            f.seek(200_000)
-            f.write(bytes([byte[0] ^ 0x5A]))
+        flip_byte(block_file, 200_000)  # one byte of block 1's second chunk, in place
         drop_pages_keep_dentries()
         assert read_whole(path) == data
         assert worker.status()["cache"]["corrupt"] == 1  # dropped by Python, then refetched

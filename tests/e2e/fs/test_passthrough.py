@@ -28,6 +28,7 @@ import threading
 import pytest
 
 from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
+from tests.damage import flip_byte
 from tests.e2e.fs.test_native_reads import (
     BLOCK,
     cli_status_text,
@@ -40,7 +41,6 @@ from tests.e2e.fs.test_native_reads import (
     worker_fds,
 )
 from tests.e2e.fs.test_no_open import fuse_op_count
-from tests.e2e.fs.test_verified_reads import flip_byte
 from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import WorkerProcess
 

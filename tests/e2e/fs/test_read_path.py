@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.damage import flip_byte
 from tests.worker_process import GENEROUS_STORE_BUDGET, drop_page_cache, start_s3_world
 
 BLOCK = 64 * 1024
@@ -183,13 +184,6 @@ def test_restart_comes_back_warm_with_zero_store_gets(s3_world):
     assert w.status()["reads"]["misses"] == 0
 
 
-def _corrupt(path: str) -> None:
-    with open(path, "r+b") as f:
-        first = f.read(1)
-        f.seek(0)
-        f.write(bytes([first[0] ^ 0xFF]))
-
-
 def test_corrupt_block_is_detected_refetched_and_never_served(s3_world):
     w, proxy = s3_world.worker, s3_world.proxy
     key = "train/n01/b.jpg"
@@ -198,7 +192,7 @@ def test_corrupt_block_is_detected_refetched_and_never_served(s3_world):
     blocks = w.client.resolve("ds", key)["blocks"]
     assert len(blocks) == 2 and all(b["file"] for b in blocks)
     for block in blocks:
-        _corrupt(block["file"])
+        flip_byte(block["file"], 0)
     # Live worker: whole-block reads are always verified.
     drop_page_cache()
     gets = proxy.count("GET")
@@ -210,7 +204,7 @@ def test_corrupt_block_is_detected_refetched_and_never_served(s3_world):
     read_file(w.path("ds", big))
     target = w.client.resolve("ds", big)["blocks"][3]["file"]
     w.stop()
-    _corrupt(target)
+    flip_byte(target, 0)
     w.start()
     with open(w.path("ds", big), "rb", buffering=0) as f:
         assert (

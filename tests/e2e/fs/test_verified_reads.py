@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 
+from tests.damage import flip_byte
 from tests.worker_process import REPO_ROOT, WorkerProcess, drop_page_cache
 
 BLOCK = 1 << 20  # eight 128 KiB FUSE reads per block
@@ -26,15 +27,6 @@ KEY = "train/shard-0.tfrecord"
 def read_file(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
-
-
-def flip_byte(path: str, offset: int) -> None:
-    """Change one byte of a block file in place (same inode, same size)."""
-    with open(path, "r+b") as block_file:
-        block_file.seek(offset)
-        original = block_file.read(1)
-        block_file.seek(offset)
-        block_file.write(bytes([original[0] ^ 0xFF]))
 
 
 @pytest.fixture(params=["ram", "ssd"])

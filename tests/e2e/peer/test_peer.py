@@ -31,6 +31,7 @@ from cachefs.peer.base import BlockRequest, NotCached, PeerError, PeerRefused, P
 from cachefs.peer.client import PeerClient, open_peer_client
 from cachefs.peer.server import PeerServer
 from cachefs.peer.stream import ConnectionEnded, FrameReader
+from tests.damage import flip_byte
 from tests.waiting import wait_until
 
 TOKEN = "s3cret-token"
@@ -430,9 +431,7 @@ async def test_an_owner_serving_from_a_real_cache_sends_the_file_with_its_admitt
         req = request_for("obj", data, block_size=4 * CHUNK_SIZE)
         async with served(owner) as address, open_peer_client(TOKEN) as client:
             assert await client.get_block(address, req) == data
-            with open(cache.block_path(key), "r+b") as block_file:  # changed in place
-                block_file.seek(2 * CHUNK_SIZE + 3)
-                block_file.write(bytes([data[2 * CHUNK_SIZE + 3] ^ 0xFF]))
+            flip_byte(cache.block_path(key), 2 * CHUNK_SIZE + 3)  # changed in place
             with pytest.raises(PeerRefused, match="not cached"):
                 await client.get_block(address, req)
         assert isinstance(handed[0], OpenBlock)

@@ -23,6 +23,7 @@ from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.cache.base import CHUNK_SIZE, chunk_checksums
 from cachefs.cache.index import Entry
 from cachefs.cache.tier import MARKER_PREFIX, allocation_unit
+from tests.damage import flip_byte
 from tests.unit.cache.blockcache_helpers import block_files_du, key
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -59,15 +60,6 @@ def open_cache(tmp_path, shm_dir):
     yield make
     for cache in opened:
         cache.close()
-
-
-def flip_byte(path: str, offset: int) -> None:
-    """Change one byte of a file in place (same inode)."""
-    with open(path, "r+b") as block_file:
-        block_file.seek(offset)
-        original = block_file.read(1)
-        block_file.seek(offset)
-        block_file.write(bytes([original[0] ^ 0xFF]))
 
 
 def data_of(index: int, size: int = SIZE) -> bytes:

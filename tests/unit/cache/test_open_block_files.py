@@ -16,6 +16,7 @@ import pytest
 import cachefs.cache.open_files as open_files_module
 import cachefs.cache.opening as opening_module
 from cachefs.cache.open_files import OpenBlockFiles
+from tests.damage import flip_byte
 from tests.unit.cache.blockcache_helpers import BLOCK, block_data, block_files_du, key
 
 
@@ -220,9 +221,7 @@ def test_damage_behind_a_kept_descriptor_is_still_caught(make_cache, tmp_path):
         for _ in range(2):
             assert cache.read(key(i)) == block_data(i)  # verified, and its file kept open
     assert len(open_fds_under(tmp_path / "ram")) == 3
-    with open(cache.block_path(key(0)), "r+b") as block_file:  # a flipped byte
-        block_file.seek(100)
-        block_file.write(bytes([block_data(0)[100] ^ 0xFF]))
+    flip_byte(cache.block_path(key(0)), 100)
     os.truncate(cache.block_path(key(1)), BLOCK // 2)
     os.unlink(cache.block_path(key(2)))  # deleted behind the index's back
 

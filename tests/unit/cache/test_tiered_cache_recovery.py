@@ -14,17 +14,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.damage import flip_byte
 from tests.unit.cache.blockcache_helpers import BLOCK, block_data, block_files_du, key
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def flip_byte(path: str, offset: int) -> None:
-    with open(path, "r+b") as block_file:
-        block_file.seek(offset)
-        original = block_file.read(1)
-        block_file.seek(offset)
-        block_file.write(bytes([original[0] ^ 0xFF]))
 
 
 def test_restart_comes_back_warm(make_cache):

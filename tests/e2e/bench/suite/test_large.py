@@ -10,6 +10,7 @@ import xxhash
 from bench.read_bench import BenchmarkFailure
 from bench.suite import large
 from bench.suite.large import CHUNK, DirReader, S3Reader, Shard, ShardDigests
+from tests.damage import flip_byte
 
 MiB = 1 << 20
 MIN_SIZE = 2 * MiB
@@ -43,14 +44,6 @@ def expected_reads(shards, pattern: str, io_size: int, stride: int = STRIDE) -> 
         return sum(s.size for s in shards), sum(-(-s.size // io_size) for s in shards)
     offsets = [(s, offset) for s in shards for offset in range(0, s.size, stride)]
     return sum(min(io_size, s.size - offset) for s, offset in offsets), len(offsets)
-
-
-def flip_byte(path: str, offset: int) -> None:
-    with open(path, "r+b") as file:
-        file.seek(offset)
-        byte = file.read(1)
-        file.seek(offset)
-        file.write(bytes([byte[0] ^ 0xFF]))
 
 
 def test_plan_is_deterministic_and_spans_min_to_max():
