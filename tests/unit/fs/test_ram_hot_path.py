@@ -206,6 +206,34 @@ async def test_a_refresh_gives_new_bytes_a_new_inode_and_the_old_one_keeps_its_b
         await world.fs.read_inode(removed_ino, 0, 10)
 
 
+async def test_retired_entries_are_bounded_and_go_with_their_dataset(world, monkeypatch):
+    """At most RETIRED_KEPT retired files stay readable, the oldest forgotten first; removing
+    the dataset forgets its retired files at once."""
+    monkeypatch.setattr(core_module, "RETIRED_KEPT", 1)
+    one, small = world.ino("one.bin"), world.ino("d/small.bin")
+    assert await world.fs.read_inode(small, 0, 10) == world.files["d/small.bin"][:10]  # cached
+    previous = world.fs.dataset("ds").snapshot
+    entries = [previous.getattr(ino & core_module.LOCAL_MASK) for ino in (one, small)]
+    os.unlink(world.source_dir / "one.bin")
+    os.unlink(world.source_dir / "d/small.bin")
+    refreshed = world.new_snapshot(previous=previous)
+    world.fs.replace_snapshot("ds", refreshed, world.source, entries).close()
+
+    with pytest.raises(PathNotFound):
+        world.fs.getattr(one)  # the older of the two, past the bound
+    assert world.fs.getattr(small).size == len(world.files["d/small.bin"])
+    assert await world.fs.read_inode(small, 0, 10) == world.files["d/small.bin"][:10]  # cache
+
+    removed = world.fs.remove_dataset("ds")
+    # Mounted again under the same slot (only here: the registry never reuses one), from a
+    # snapshot of the same lineage, which gives small.bin's old inode to no file.
+    again = world.new_snapshot(previous=removed.snapshot)
+    removed.snapshot.close()
+    world.fs.add_dataset(MountedDataset("ds", 1, again, world.source))
+    with pytest.raises(PathNotFound):
+        world.fs.getattr(small)
+
+
 async def test_a_removed_dataset_serves_nothing_and_a_new_one_serves_its_own_files(world):
     data = world.files["one.bin"]
     ino = world.ino("one.bin")
