@@ -329,8 +329,8 @@ class _Builder:
             _kind, prev_size, prev_etag = file_version(prev_record)
             if prev_size != info.size or prev_etag != etag:
                 # New bytes, new inode: the old one's pages stay with whoever holds it open.
+                # (Its parent's listing changes too: _finish adds the parents of `replaced`.)
                 ino, prev_record = self._new_ino(), None
-                self._listings_changed.add(parent.ino)
         ino_key = INO.pack(ino)
         if not self._dirents.put(parent.ino_key + name, ino_key, overwrite=False):
             self._skip(CONFLICT, info.key)  # a directory or an earlier object has this path

@@ -101,6 +101,15 @@ def test_a_removed_path_that_comes_back_gets_a_new_inode(build) -> None:
     assert v3.resolve("b").ino == v1.resolve("b").ino
 
 
+def test_a_file_with_new_bytes_changes_its_parents_listing(build) -> None:
+    """The name now leads to a new inode, which a listing the kernel keeps must show."""
+    v1, _ = build("v1", [obj("d/f", etag="old"), obj("d/g")])
+    _v2, result = build("v2", [obj("d/f", etag="new"), obj("d/g")], previous=v1)
+    assert result.replaced == [(v1.resolve("d").ino, b"f")]
+    assert result.listings_changed == [v1.resolve("d").ino]
+    assert (result.changed_inos, result.removed) == ([], [])
+
+
 def test_identical_refresh_reports_nothing(build) -> None:
     objects = [obj(f"d{i % 5}/f{i}", etag=str(i)) for i in range(500)]
     objects.sort(key=lambda info: info.key)
