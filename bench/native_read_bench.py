@@ -324,6 +324,7 @@ def _run(args: argparse.Namespace) -> dict:
         "benchmark": "native_read_bench",
         "date": datetime.date.today().isoformat(),
         "machine": describe_machine(),
+        "pipes": describe_pipes(),
         "command": " ".join(
             [os.path.basename(sys.executable), "-m", "bench.native_read_bench", *sys.argv[1:]]
         ),
@@ -640,6 +641,17 @@ def summarise(passes: list[dict], readers: Sequence[int]) -> list[dict]:
     return rows
 
 
+def describe_pipes() -> dict:
+    """What bounds the READs the passthrough system splices (cachefs_fast_read.c, "splicing"):
+    a pipe may grow past fs.pipe-max-size only with CAP_SYS_RESOURCE."""
+    with open("/proc/sys/fs/pipe-max-size") as f:
+        max_size = int(f.read())
+    with open("/proc/self/status") as f:
+        effective = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    cap_sys_resource = 24
+    return {"pipe_max_size": max_size, "cap_sys_resource": bool(effective >> cap_sys_resource & 1)}
+
+
 def render(results: dict) -> str:
     machine = results["machine"]
     names = results["systems"]
@@ -651,6 +663,9 @@ def render(results: dict) -> str:
         f"{machine['memory_bytes'] / 2**30:.0f} GiB, kernel {machine['kernel']}, "
         f"Python {machine['python']}.",
         f"Command: `{results['command']}`",
+        f"Pipes: fs.pipe-max-size {results['pipes']['pipe_max_size']:,} bytes, "
+        f"CAP_SYS_RESOURCE {'yes' if results['pipes']['cap_sys_resource'] else 'no'} (the "
+        "largest READ passthrough splices: 2 MiB pipes with the capability, else that size).",
         f"Data: {results['files']:,} small files ({results['small_bytes'] / 1e6:,.0f} MB), "
         f"{results['large_files']} x {results['large_mib']} MiB large files; best of "
         f"{results['repeats']}.",

@@ -323,6 +323,12 @@ class _WorkerCollector(Collector):
             value=native.get("open_files", 0),
         )
         yield CounterMetricFamily(
+            "cachefs_fuse_fast_reads_spliced",
+            "READs answered natively by splicing chunks checked before from their block file "
+            "(--fuse-passthrough: no copy through the worker)",
+            value=native.get("spliced", 0),
+        )
+        yield CounterMetricFamily(
             "cachefs_fuse_passthrough_opens",
             "FUSE OPENs answered with the file's block file handed to the kernel "
             "(--fuse-passthrough: the kernel reads it, no READ reaches the worker)",

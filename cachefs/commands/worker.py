@@ -140,8 +140,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("native reads: off (every READ is served in Python)")
     else:
         print(
-            f"native reads: {fast['reads']} READs answered in C ({format_size(fast['bytes'])}), "
-            f"{fast['fallbacks']} handed to Python; {fast['blocks']} blocks servable; "
+            f"native reads: {fast['reads']} READs answered in C ({format_size(fast['bytes'])}, "
+            f"{fast.get('spliced', 0)} spliced), {fast['fallbacks']} handed to Python; "
+            f"{fast['blocks']} blocks servable; "
             f"dropped {fast['vanished']} vanished, {fast['corrupt']} corrupt; "
             f"{fast['lookups']} LOOKUPs answered in C; {fast.get('open_files', 0)} block files "
             f"open"

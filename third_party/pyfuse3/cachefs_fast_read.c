@@ -4,9 +4,14 @@
  * Python side of them):
  *  1. A block enters the table only from cachefs, after the cache admitted it and stored its
  *     chunk checksums, and only for the snapshot generation it was looked up in.
- *  2. Every READ answered here checks every chunk it reads against those checksums; a file that
- *     is gone, short or fails a checksum drops the block and hands the READ to Python, which
- *     drops the block from the cache and fetches it again.
+ *  2. Every chunk a READ answered here serves has passed its checksum: checked by this READ
+ *     (read into memory, then replied). With passthrough asked for (cfr_want_passthrough()),
+ *     whose backing files the kernel reads as they are between checks, a chunk checked by an
+ *     earlier READ while the block file was in the state it is in now (same inode, ctime and
+ *     size; any write moves the ctime) is spliced from the file to /dev/fuse instead, without
+ *     a copy through the worker (see note_checked()). A file that is gone, short or fails a
+ *     checksum drops the block and hands the READ to Python, which drops the block from the
+ *     cache and fetches it again.
  *  3. Before the cache removes a block file (eviction, dataset removal, cleanup, hand-off trims,
  *     promotion), cachefs calls cfr_forget_file(); before a snapshot swap or a dataset removal
  *     becomes visible, cfr_forget_inodes() over the dataset's inodes. Both take the table's
@@ -75,9 +80,11 @@ typedef struct cfr_block {
     uint64_t *sums;               /* host order, nchunks of them */
     char *path;
     int fd;                       /* the open block file, or -1 */
-    int32_t backing_id;           /* its kernel backing-file id (passthrough), or 0 */
-    int64_t checked_ctime_ns;     /* the file's ctime and inode number when its chunks were */
-    uint64_t checked_ino;         /* last checked (for its backing file) */
+    int32_t backing_id;           /* its kernel backing-file id (passthrough), or 0 ... */
+    uint64_t backing_ino;         /* ... made of the file with this inode number */
+    int64_t checked_ctime_ns;     /* the file's ctime and inode number when the chunks in */
+    uint64_t checked_ino;         /* `checked` passed their checksums (see note_checked()) */
+    uint64_t *checked;            /* bitmap: chunk k passed its checksum in that state */
     struct cfr_opened *opened;    /* the open files reading through that backing file */
     struct cfr_block *bk_older;   /* blocks with a backing file: the bound drops the least */
     struct cfr_block *bk_newer;   /* recently opened first */
@@ -128,6 +135,8 @@ void cfr_mark_listing(struct fuse_file_info *fi);
 static size_t out_cap, scratch_cap;
 static cfr_block *oldest_open, *newest_open;
 static uint64_t open_fds, max_open_fds;
+static int splice_granted; /* libfuse splices replies on this connection (reply_spliced()) */
+static int passthrough_wanted; /* cfr_want_passthrough(): also splice READs (rule 2) */
 
 static inline uint64_t slot_of(const table_t *t, uint64_t key) {
     key ^= key >> 33; /* every bit counts: inodes differ in their high bits (dataset slots) */
@@ -640,10 +649,12 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
         return -1;
     }
     size_t path_len = strlen(path) + 1;
-    cfr_block *b = malloc(sizeof(*b) + nchunks * 8 + path_len);
+    uint64_t checked_words = (nchunks + 63) / 64;
+    cfr_block *b = malloc(sizeof(*b) + (nchunks + checked_words) * 8 + path_len);
     if (!b) return -1;
     b->index = index;
     b->backing_id = 0;
+    b->backing_ino = 0;
     b->checked_ctime_ns = 0;
     b->checked_ino = 0;
     b->opened = NULL;
@@ -657,7 +668,9 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
         for (int k = 0; k < 8; k++) v = v << 8 | sums[c * 8 + (uint64_t)k];
         b->sums[c] = v;
     }
-    b->path = (char *)(b->sums + nchunks);
+    b->checked = b->sums + nchunks;
+    memset(b->checked, 0, checked_words * 8);
+    b->path = (char *)(b->checked + checked_words);
     memcpy(b->path, path, path_len);
     b->fd = -1;
     b->fd_older = b->fd_newer = NULL;
@@ -803,6 +816,12 @@ void cfr_init_connection(struct fuse_conn_info *conn) {
      * one does. Queued READs cost the worker nothing until it reads them. */
     conn->max_background = CFR_MAX_BACKGROUND;
     conn->congestion_threshold = CFR_MAX_BACKGROUND * 3 / 4;
+    /* READs of checked chunks are spliced (reply_spliced()); pyfuse3's own replies are
+     * fuse_reply_buf(), which this does not change. */
+    pthread_mutex_lock(&lock);
+    splice_granted = (conn->capable & FUSE_CAP_SPLICE_WRITE) != 0;
+    if (splice_granted) conn->want |= FUSE_CAP_SPLICE_WRITE;
+    pthread_mutex_unlock(&lock);
 }
 
 static int cache_listings;
@@ -831,6 +850,48 @@ int cfr_fd_readable(int fd, int wait_us) {
     return ppoll(&p, 1, &wait, NULL) == 1 && (p.revents & POLLIN);
 }
 
+/* ---- which chunks of a block file passed their checksums ----
+ *
+ * A block remembers the chunks that passed their checksum while its file was in one state: the
+ * file's inode number and ctime, with its size the block's length. Any write to the file moves
+ * its ctime, and a file put in its place has another inode; so while fstat() shows that state,
+ * those chunks hold the bytes that were checked, and a READ of them is spliced from the file
+ * without reading it again (reply_spliced()). A new state forgets them all. The same record
+ * says when a block's whole file may be handed to the kernel as a backing file (passthrough).
+ * Between a check and the next fstat() the file is served as it is, as the kernel serves the
+ * pages a READ put in the page cache: a block is checked when it enters the path. */
+
+static int64_t ctime_ns(const struct stat *st) {
+    return (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+}
+
+static int in_checked_state(const cfr_block *b, const struct stat *st) {
+    return b->checked_ino == (uint64_t)st->st_ino && b->checked_ctime_ns == ctime_ns(st) &&
+           (uint64_t)st->st_size == b->length;
+}
+
+/* The chunks of [at, at + len) of block `b` passed their checksums, read after fstat() gave
+ * `st` (a write after that fstat() moves the ctime past `st`: the next READ sees a new state). */
+static void note_checked(cfr_block *b, const struct stat *st, uint64_t at, uint64_t len) {
+    if ((uint64_t)st->st_size != b->length) return;
+    if (!in_checked_state(b, st)) {
+        b->checked_ino = (uint64_t)st->st_ino;
+        b->checked_ctime_ns = ctime_ns(st);
+        memset(b->checked, 0, (b->nchunks + 63) / 64 * 8);
+    }
+    if (len == 0) return;
+    for (uint64_t c = at / chunk_size; c <= (at + len - 1) / chunk_size; c++)
+        b->checked[c / 64] |= 1ull << (c % 64);
+}
+
+/* Whether every chunk of [lo, hi) of block `b` passed its checksum in the state `st` shows. */
+static int span_checked(const cfr_block *b, const struct stat *st, uint64_t lo, uint64_t hi) {
+    if (!in_checked_state(b, st)) return 0;
+    for (uint64_t c = lo / chunk_size; lo < hi && c <= (hi - 1) / chunk_size; c++)
+        if (!(b->checked[c / 64] >> (c % 64) & 1)) return 0;
+    return 1;
+}
+
 /* ---- the READ ---- */
 
 static int reserve(unsigned char **buf, size_t *cap, size_t need) {
@@ -854,10 +915,23 @@ static void vanished_if_gone(cfr_block *b) {
     if (errno == ENOENT) vanished(b);
 }
 
-/* Read `len` bytes at `at` of the block's file into `dst` and check every chunk (the span is
- * chunk-aligned and holds whole chunks, except the block's last). 0 when good; else the block
- * is dropped from the table (its file closed) and -1 returned. */
-static int read_checked(cfr_block *b, unsigned char *dst, uint64_t at, uint64_t len) {
+/* The block's file, open, with its fstat() in `st`; -1 when it cannot be had (the block is
+ * dropped when its file is gone). */
+static int open_block(cfr_block *b, struct stat *st) {
+    int fd = block_fd(b);
+    if (fd < 0) {
+        vanished_if_gone(b);
+        return -1;
+    }
+    return fstat(fd, st) == 0 ? fd : -1;
+}
+
+/* Read `len` bytes at `at` of the block's file, whose fstat() before the read is `st`, into
+ * `dst` and check every chunk (the span is chunk-aligned and holds whole chunks, except the
+ * block's last). 0 when good (the chunks are noted as checked); else the block is dropped from
+ * the table (its file closed) and -1 returned. */
+static int read_checked(cfr_block *b, const struct stat *st, unsigned char *dst, uint64_t at,
+                        uint64_t len) {
     int fd = block_fd(b);
     if (fd < 0) {
         vanished_if_gone(b);
@@ -882,7 +956,109 @@ static int read_checked(cfr_block *b, unsigned char *dst, uint64_t at, uint64_t 
             return -1;
         }
     }
+    note_checked(b, st, at, len);
     return 0;
+}
+
+/* The part of block `i` of file `f` that [begin, end) covers: [*lo, *hi) within the block. */
+static void block_span(const cfr_file *f, uint64_t i, uint64_t begin, uint64_t end,
+                       uint64_t *lo, uint64_t *hi) {
+    uint64_t start = i * f->block_size;
+    uint64_t stop = start + f->blocks[i]->length;
+    *lo = (begin > start ? begin : start) - start;
+    *hi = (end < stop ? end : stop) - start;
+}
+
+/* ---- splicing checked chunks to /dev/fuse ----
+ *
+ * With passthrough asked for, a READ whose every chunk passed its checksum in its file's
+ * current state (the rule passthrough's backing files follow) is answered without copying its
+ * bytes through the worker: splice() puts references to the tier's pages into a
+ * pipe, and fuse_reply_data() splices that pipe to /dev/fuse, where the kernel copies the bytes
+ * once, into the reader's pages (a READ read and checked here costs a pread() copy, an xxh3
+ * pass and that copy). The pipe is empty after every reply (or replaced), so it never holds an
+ * evicted block's pages past the READ. It needs libfuse to splice replies (FUSE_CAP_SPLICE_WRITE,
+ * asked for in cfr_init_connection()) and pipes with room for the READ: ours, and libfuse's,
+ * which also holds the reply's header. A pipe may grow past /proc/sys/fs/pipe-max-size (1 MiB by
+ * default) only with CAP_SYS_RESOURCE; without it, READs up to that size less a few pages (a
+ * small file) are spliced and the kernel's 1 MiB READs of a large file are read and checked,
+ * unless the administrator raises fs.pipe-max-size (README, "The native READ path"). */
+
+#define SPLICE_PIPE_BYTES (2u << 20) /* a 1 MiB READ (the most the kernel sends) fits twice */
+
+static int splice_unavailable;       /* no pipe could be had: never ask again */
+static int splice_pipe[2] = {-1, -1};
+static uint64_t splice_pipe_bytes;   /* its capacity */
+
+static void close_splice_pipe(void) {
+    if (splice_pipe[0] < 0) return;
+    close(splice_pipe[0]); /* the page references it still held go with it */
+    close(splice_pipe[1]);
+    splice_pipe[0] = splice_pipe[1] = -1;
+}
+
+/* /proc/sys/fs/pipe-max-size: the most a pipe may hold without CAP_SYS_RESOURCE. */
+static int pipe_max_size(void) {
+    char text[32] = {0};
+    int fd = open("/proc/sys/fs/pipe-max-size", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    return n > 0 ? atoi(text) : -1;
+}
+
+/* Whether `len` bytes in `spans` pieces can be spliced: the (empty) splice pipe, made on first
+ * use, and libfuse's pipe have room for them, a buffer per page or piece of one, and the
+ * reply's header. */
+static int splice_pipe_for(uint64_t len, uint64_t spans) {
+    if (!passthrough_wanted || !splice_granted || splice_unavailable) return 0;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (splice_pipe[0] < 0) {
+        if (pipe2(splice_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 0;
+        int size = fcntl(splice_pipe[0], F_SETPIPE_SZ, SPLICE_PIPE_BYTES);
+        if (size < 0 && errno == EPERM && pipe_max_size() > 0)
+            size = fcntl(splice_pipe[0], F_SETPIPE_SZ, pipe_max_size());
+        if (size < 0) {
+            close_splice_pipe();
+            splice_unavailable = 1;
+            return 0;
+        }
+        splice_pipe_bytes = (uint64_t)size;
+    }
+    /* libfuse sizes its pipe to the reply plus three pages (fuse_send_data_iov()). */
+    return len + (2 * spans + 3) * page <= splice_pipe_bytes;
+}
+
+/* Answer the READ of [begin, end) of file `f`, whose blocks' files were opened and whose every
+ * chunk was checked, by splicing. 1 when answered; 0 when the pipe could not take it all
+ * (nothing was sent: the caller reads and checks instead). */
+static int reply_spliced(fuse_req_t req, cfr_file *f, uint64_t begin, uint64_t end) {
+    uint64_t bs = f->block_size, first = begin / bs, last = (end - 1) / bs;
+    if (!splice_pipe_for(end - begin, last - first + 1)) return 0;
+    for (uint64_t i = first; i <= last; i++) {
+        cfr_block *b = f->blocks[i];
+        uint64_t lo, hi;
+        block_span(f, i, begin, end, &lo, &hi);
+        loff_t at = (loff_t)lo;
+        while ((uint64_t)at < hi) {
+            ssize_t n = b->fd < 0 ? -1 /* closed by the fd bound since it was opened */
+                                  : splice(b->fd, &at, splice_pipe[1], NULL, hi - (uint64_t)at,
+                                           SPLICE_F_NONBLOCK);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) { /* short (the file shrank) or failed: read and check instead */
+                close_splice_pipe();
+                return 0;
+            }
+        }
+    }
+    struct fuse_bufvec bufv = FUSE_BUFVEC_INIT(end - begin);
+    bufv.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_RETRY;
+    bufv.buf[0].fd = splice_pipe[0];
+    /* Its error (the request was interrupted) needs nothing from us, as for fuse_reply_buf. */
+    fuse_reply_data(req, &bufv, 0);
+    int left = 0;
+    if (ioctl(splice_pipe[0], FIONREAD, &left) != 0 || left != 0) close_splice_pipe();
+    return 1;
 }
 
 int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
@@ -893,37 +1069,56 @@ int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
     uint64_t begin = (uint64_t)off;
     uint64_t end = begin + size < f->file_size ? begin + size : f->file_size;
     uint64_t pos = 0;
+    int spliced = 0;
     if (begin < end) {
-        uint64_t bs = f->block_size;
-        for (uint64_t i = begin / bs; i <= (end - 1) / bs; i++)
-            if (!f->blocks[i]) goto fall_through;
-        if (reserve(&out_buf, &out_cap, end - begin) != 0) goto fall_through;
-        for (uint64_t i = begin / bs; i <= (end - 1) / bs; i++) {
+        uint64_t bs = f->block_size, first = begin / bs, last = (end - 1) / bs;
+        int all_checked = passthrough_wanted; /* else every READ reads and checks (rule 2) */
+        for (uint64_t i = first; i <= last; i++) {
             cfr_block *b = f->blocks[i];
-            uint64_t block_start = i * bs;
-            uint64_t lo = (begin > block_start ? begin : block_start) - block_start;
-            uint64_t hi = (end < block_start + b->length ? end : block_start + b->length) -
-                          block_start;
+            if (!b) goto fall_through;
+            if (all_checked) {
+                struct stat st;
+                uint64_t lo, hi;
+                block_span(f, i, begin, end, &lo, &hi);
+                if (open_block(b, &st) < 0) goto fall_through;
+                all_checked = span_checked(b, &st, lo, hi);
+            }
+        }
+        if (all_checked && reply_spliced(req, f, begin, end)) {
+            pos = end - begin;
+            spliced = 1;
+            goto answered;
+        }
+        if (reserve(&out_buf, &out_cap, end - begin) != 0) goto fall_through;
+        for (uint64_t i = first; i <= last; i++) {
+            cfr_block *b = f->blocks[i];
+            struct stat st;
+            uint64_t lo, hi;
+            block_span(f, i, begin, end, &lo, &hi);
             uint64_t span_lo = lo - lo % chunk_size;
             uint64_t span_hi = hi + (chunk_size - hi % chunk_size) % chunk_size;
             if (span_hi > b->length) span_hi = b->length;
+            if (open_block(b, &st) < 0) goto fall_through;
             if (span_lo == lo && span_hi == hi) { /* aligned: read straight into the reply */
-                if (read_checked(b, out_buf + pos, lo, hi - lo) != 0) goto fall_through;
+                if (read_checked(b, &st, out_buf + pos, lo, hi - lo) != 0) goto fall_through;
             } else {
                 if (reserve(&scratch_buf, &scratch_cap, span_hi - span_lo) != 0 ||
-                    read_checked(b, scratch_buf, span_lo, span_hi - span_lo) != 0)
+                    read_checked(b, &st, scratch_buf, span_lo, span_hi - span_lo) != 0)
                     goto fall_through;
                 memcpy(out_buf + pos, scratch_buf + (lo - span_lo), hi - lo);
             }
             pos += hi - lo;
         }
     }
+answered:
     stats.reads++;
     stats.first_reads += off == 0;
+    stats.spliced += (uint64_t)spliced;
     stats.bytes += pos;
-    /* Replied under the lock: out_buf is shared, and the reply is one writev. Its error (the
-     * request was interrupted) needs nothing from us: the request is answered either way. */
-    fuse_reply_buf(req, (const char *)out_buf, pos);
+    /* Replied under the lock: out_buf and the splice pipe are shared, and no forget may close
+     * a block file between its check and the reply. The reply's error (the request was
+     * interrupted) needs nothing from us: the request is answered either way. */
+    if (!spliced) fuse_reply_buf(req, (const char *)out_buf, pos);
     pthread_mutex_unlock(&lock);
     return 1;
 
@@ -1029,7 +1224,7 @@ typedef struct cfr_opened {
     struct cfr_opened *next;
 } cfr_opened;
 
-static int passthrough_wanted, dev_fd = -1;
+static int dev_fd = -1;
 static int backing_denied; /* the kernel said EPERM (no CAP_SYS_ADMIN): stop asking */
 static cfr_opened *opened[OPENED_SLOTS];
 static cfr_block *oldest_backing, *newest_backing;
@@ -1196,10 +1391,6 @@ static void drop_backing(cfr_block *b) {
     b->opened = NULL;
 }
 
-static int64_t ctime_ns(const struct stat *st) {
-    return (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
-}
-
 /* stat() of block `b`'s file (its open descriptor if it has one); -1 if that fails, and the
  * block is dropped from the table when the file is gone. */
 static int stat_block(cfr_block *b, struct stat *st) {
@@ -1208,26 +1399,22 @@ static int stat_block(cfr_block *b, struct stat *st) {
     return -1;
 }
 
-/* Whether `st` is the file whose chunks were last checked, unchanged since (same inode, ctime
- * and size: a write to it moves its ctime). */
+/* Whether `st` is the state of block `b`'s file in which every chunk of it was checked (a write
+ * to it since moves its ctime). */
 static int unchanged_since_check(const cfr_block *b, const struct stat *st) {
-    return b->checked_ino == (uint64_t)st->st_ino && b->checked_ctime_ns == ctime_ns(st) &&
-           (uint64_t)st->st_size == b->length;
+    return span_checked(b, st, 0, b->length);
 }
 
-/* Check every chunk of block `b`'s file, whose stat() before the read is `st` (a write after
- * it moves the ctime), and remember that it was checked; -1 (the block dropped from the table
- * when it is short, long or corrupt) if it fails. */
+/* Check every chunk of block `b`'s file, whose stat() before the read is `st`, and note them
+ * checked; -1 (the block dropped from the table when it is short, long or corrupt) if it fails. */
 static int check_block(cfr_block *b, const struct stat *st) {
     if ((uint64_t)st->st_size != b->length) { /* a passthrough read would go by this size */
         vanished(b);
         return -1;
     }
     if (reserve(&scratch_buf, &scratch_cap, b->length) != 0 ||
-        read_checked(b, scratch_buf, 0, b->length) != 0)
+        read_checked(b, st, scratch_buf, 0, b->length) != 0)
         return -1;
-    b->checked_ino = (uint64_t)st->st_ino;
-    b->checked_ctime_ns = ctime_ns(st);
     return 0;
 }
 
@@ -1241,7 +1428,7 @@ static int32_t block_backing(cfr_block *b) {
     struct stat st;
     if (b->backing_id > 0) {
         if (stat_block(b, &st) != 0) return 0;
-        if (unchanged_since_check(b, &st)) {
+        if ((uint64_t)st.st_ino == b->backing_ino && unchanged_since_check(b, &st)) {
             if (newest_backing != b) {
                 unlist_backing(b);
                 list_backing_newest(b);
@@ -1256,7 +1443,7 @@ static int32_t block_backing(cfr_block *b) {
         if (fd < 0) vanished_if_gone(b);
         return 0;
     }
-    if (check_block(b, &st) != 0) return 0;
+    if (!unchanged_since_check(b, &st) && check_block(b, &st) != 0) return 0;
     struct cfr_backing_map map = {.fd = fd, .flags = 0, .padding = 0};
     int id = ioctl(dev_fd, CFR_DEV_IOC_BACKING_OPEN, &map);
     if (id <= 0) {
@@ -1267,6 +1454,7 @@ static int32_t block_backing(cfr_block *b) {
     stats.backing_files++;
     while (stats.kept_backings >= MAX_BACKING_FILES && oldest_backing) drop_backing(oldest_backing);
     b->backing_id = id;
+    b->backing_ino = (uint64_t)st.st_ino;
     list_backing_newest(b);
     stats.kept_backings++;
     return id;
@@ -1278,9 +1466,8 @@ static int32_t block_backing(cfr_block *b) {
 static int backing_still_good(cfr_block *b) {
     struct stat st;
     if (stat_block(b, &st) != 0) return 0;
-    if (unchanged_since_check(b, &st)) return 1;
-    if ((uint64_t)st.st_ino != b->checked_ino) return 0; /* not the file the kernel reads */
-    return check_block(b, &st) == 0;
+    if ((uint64_t)st.st_ino != b->backing_ino) return 0; /* not the file the kernel reads */
+    return unchanged_since_check(b, &st) || check_block(b, &st) == 0;
 }
 
 static void release_one(cfr_opened **slot) {

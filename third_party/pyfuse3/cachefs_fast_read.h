@@ -3,9 +3,13 @@
  * A table, filled and emptied by cachefs (Python), says where the verified bytes of a file's
  * cached blocks are: (inode, block index) -> block file path, length, chunk checksums. pyfuse3's
  * fuse_read() first offers each READ to cfr_try_read(): when every block the request touches
- * is in the table, the request is answered here (pread from the block file, kept open in a
- * bounded list, an xxh3 check of every chunk read, fuse_reply_buf) without a Python handler or a trio task; otherwise (or on any error or
- * checksum mismatch) it returns 0 and the request goes to cachefs's Python handler unchanged.
+ * is in the table, the request is answered here without a Python handler or a trio task: from
+ * the block files (kept open in a bounded list), read and checked (pread, an xxh3 check of
+ * every chunk read, fuse_reply_buf) or, with passthrough asked for, for chunks that passed their
+ * check while the file was as it is now, spliced to /dev/fuse without a copy through the
+ * worker (fuse_reply_data);
+ * otherwise (or on any error or checksum mismatch) it returns 0 and the request goes to
+ * cachefs's Python handler unchanged.
  * The rules that keep the table coherent with the cache are in cachefs_fast_read.c.
  */
 #ifndef CACHEFS_FAST_READ_H
@@ -44,6 +48,7 @@ typedef struct {
     uint64_t backing_files; /* backing files registered with the kernel now ... */
     uint64_t kept_backings; /* ... of them kept by blocks in the table for their next opens */
     uint64_t opened;       /* inodes with OPENs not yet RELEASEd now */
+    uint64_t spliced;      /* READs (of `reads`) spliced from chunks checked before */
 } cfr_stats_t;
 
 /* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE), the most blocks kept and the

@@ -36,6 +36,7 @@ cdef extern from "cachefs_fast_read.h":
         uint64_t backing_files
         uint64_t kept_backings
         uint64_t opened
+        uint64_t spliced
     void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries)
     int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                      uint64_t file_id, const char *path, uint64_t length,
@@ -172,5 +173,5 @@ def fast_read_stats():
         'passthrough': s.passthrough, 'pt_opens': s.pt_opens,
         'cached_opens': s.cached_opens, 'pt_refused': s.pt_refused,
         'backing_files': s.backing_files, 'kept_backings': s.kept_backings,
-        'opened': s.opened,
+        'opened': s.opened, 'spliced': s.spliced,
     }

@@ -111,6 +111,8 @@ def test_reads_of_every_size_are_byte_exact_and_answered_in_c(tmp_path, fast_rea
         if fast_read == "on":
             assert after["reads"] > before["reads"]
             assert after["corrupt"] == after["vanished"] == 0
+            # Without passthrough every READ reads and checks its chunks: none is spliced.
+            assert after["spliced"] == 0
             # Every READ of these cached files was answered in C: none reached Python.
             assert fuse_op_count(worker, "read") == python_reads
             assert after["blocks"] == sum(-(-size // BLOCK) for size in SIZES)

@@ -226,6 +226,62 @@ def test_a_corrupted_block_file_is_never_handed_to_the_kernel(tmp_path):
         worker.cleanup()
 
 
+def test_checked_chunks_of_multi_block_files_are_spliced_until_their_block_file_changes(
+    tmp_path,
+):
+    """A file of several blocks gets no backing file: its READs come to the worker. With
+    passthrough asked for (granted or not), a READ of chunks that an earlier READ checked, while
+    their block file is unchanged, is spliced from that file to /dev/fuse without a copy through
+    the worker. A write to a block file moves its ctime: the next READ checks its chunks again
+    (and finds the flipped byte)."""
+    rng = random.Random(41)
+    # Each file fits one READ that fits a pipe of the default pipe-max-size (1 MiB).
+    files = {"m/four.bin": rng.randbytes(3 * BLOCK + 999), "m/two.bin": rng.randbytes(BLOCK + 1)}
+    make_source(tmp_path / "src", files)
+    worker = WorkerProcess(str(tmp_path / "w"), extra_args=PASSTHROUGH).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}", block_size=BLOCK)
+        for name, data in files.items():  # cold: fetched in Python, admitted to the RAM tier
+            assert read_whole(worker.path("ds", name)) == data
+        drop_pages_keep_dentries()
+        before = native_stats(worker)
+        for name, data in files.items():  # READs in C, read and checked
+            assert read_whole(worker.path("ds", name)) == data
+        checked = native_stats(worker)
+        assert checked["reads"] > before["reads"]
+        assert checked["spliced"] == before["spliced"]
+
+        drop_pages_keep_dentries()
+        python_reads = fuse_op_count(worker, "read")
+        for name, data in files.items():  # the same chunks again: spliced, every one
+            assert read_whole(worker.path("ds", name)) == data
+        spliced = native_stats(worker)
+        assert spliced["spliced"] - checked["spliced"] == spliced["reads"] - checked["reads"] > 0
+        drop_pages_keep_dentries()
+        for name, data in files.items():  # pieces at odd offsets: spliced, still right
+            with open(worker.path("ds", name), "rb", buffering=0) as f:
+                for _ in range(8):
+                    offset = rng.randrange(0, len(data))
+                    length = rng.randrange(1, 200_000)
+                    assert os.pread(f.fileno(), length, offset) == data[offset : offset + length]
+        stats = native_stats(worker)
+        assert stats["spliced"] > spliced["spliced"]
+        assert fuse_op_count(worker, "read") == python_reads
+        assert f"{stats['spliced']} spliced)" in cli_status_text(worker)
+        metrics = worker.client.metrics()
+        assert f"cachefs_fuse_fast_reads_spliced_total {float(stats['spliced'])}" in metrics
+        assert native_stats(worker)["corrupt"] == 0
+
+        block_file = worker.client.resolve("ds", "m/four.bin")["blocks"][2]["file"]
+        flip_byte(block_file, 1000)
+        drop_pages_keep_dentries()
+        assert read_whole(worker.path("ds", "m/four.bin")) == files["m/four.bin"]
+        assert native_stats(worker)["corrupt"] == 1  # checked again, not spliced
+        assert worker.status()["cache"]["corrupt"] == 1  # dropped by Python, then refetched
+    finally:
+        worker.cleanup()
+
+
 def test_a_block_file_changed_under_open_files_is_checked_before_a_new_open_reads_it(tmp_path):
     """While a file is open on its block's backing file, a new open gets the same backing file
     (the kernel's rule), but only after the block file is checked again if it changed: a
