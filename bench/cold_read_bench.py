@@ -28,7 +28,7 @@ its cache checked empty, and the page cache, dentries and inodes dropped (``echo
 the pass (the latency passes of both sizes share one such reset; they read different files).
 Over every mount pass the bench records the CPU of the worker process and of its children (its
 process group, from /proc) per file — target for the small files of the epoch: <= 1.3 ms —, the
-worker's own counters (misses, store GETs, FUSE replies), and what the store and the proxy saw
+worker's own counters (misses, store GETs, write calls), and what the store and the proxy saw
 (GETs, new connections, their CPU). Every file read, through the mount or directly, has its
 length and xxh3 checked against the served file; a mismatch stops the benchmark.
 
@@ -671,7 +671,7 @@ def render(results: dict) -> str:
         "length and xxh3 checked. Worker CPU = the worker process and its children, from /proc.",
         "",
         "| delay | pass | path | files | files/s | MB/s | p50 ms | p90 ms | vs direct "
-        "| worker CPU ms/file (children) | store GETs/file | new store conns | FUSE replies/file "
+        "| worker CPU ms/file (children) | store GETs/file | new store conns | worker writes/file "
         "| CPU s: store, proxy | machine busy during |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
