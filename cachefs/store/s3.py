@@ -33,6 +33,7 @@ import botocore.config
 import botocore.exceptions
 import botocore.loaders
 import botocore.session
+import botocore.utils
 import urllib3.exceptions
 
 from cachefs.errors import (
@@ -394,6 +395,11 @@ def make_session(config: StoreConfig) -> botocore.session.Session:
     # Every session of the process shares one loader: a new session otherwise parses
     # botocore's JSON models again (~250 ms of CPU), and a dataset add or refresh makes several.
     session.register_component("data_loader", _shared_loader())
+    # LIST pages carry a timestamp per object; botocore's default parser (dateutil) took most
+    # of a page's CPU (see parse_timestamp).
+    session.get_component("response_parser_factory").set_parser_defaults(
+        timestamp_parser=parse_timestamp
+    )
     if config.credentials_file is not None:
         session.set_config_variable("credentials_file", config.credentials_file)
     return session
@@ -428,6 +434,19 @@ def make_client(
     return session.create_client(
         "s3", endpoint_url=endpoint, region_name=region, config=client_config
     )
+
+
+def parse_timestamp(value: str) -> datetime.datetime:
+    """A timestamp of an S3 response: the ISO 8601 of XML bodies (``2026-11-28T08:53:51.000Z``,
+    one per object of a LIST page) by ``datetime.fromisoformat`` (~1 µs); anything else (the
+    RFC 1123 dates of headers, epoch seconds) by botocore's own parser (dateutil, ~40 µs: with
+    it, timestamps took ~65 % of the CPU of listing a bucket). Naive times are UTC."""
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        parsed: datetime.datetime = botocore.utils.parse_timestamp(value)
+        return parsed
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.timezone.utc)
 
 
 def _object_info(key: str, size: int, etag: str, last_modified: datetime.datetime) -> ObjectInfo:

@@ -21,6 +21,7 @@ from cachefs.errors import (
     StoreIOError,
     StoreUnavailable,
 )
+from cachefs.store import s3
 from cachefs.store.base import RetryPolicy, StoreConfig
 from cachefs.store.s3 import S3Store, make_session
 from cachefs.store.s3_bulk import USER_AGENT as S3_BULK_USER_AGENT
@@ -81,6 +82,30 @@ def test_list_yields_keys_relative_to_the_prefix_with_size_and_etag(store, moto_
     assert listed["empty"].size == 0
     assert listed["big.bin"].mtime_ns > 0
     assert listed["big.bin"].mtime_ns % 1000 == 0  # whole microseconds: no float rounding
+    # cachefs parses LIST timestamps itself (s3.parse_timestamp): the same instants as
+    # botocore's own parser gives a plain client.
+    page = moto_s3.client().list_objects_v2(Bucket=bucket, Prefix="data/")
+    for entry in page["Contents"]:
+        expected = int(entry["LastModified"].timestamp() * 1_000_000) * 1000
+        assert listed[entry["Key"].removeprefix("data/")].mtime_ns == expected
+
+
+def test_listing_parses_each_timestamp_with_cachefs_parser(moto_s3, bucket, monkeypatch):
+    """The sessions of a store parse response timestamps with s3.parse_timestamp, not
+    botocore's dateutil parser (~40 µs each: most of a LIST page's CPU; bench/s3_list.py)."""
+    parsed, original = [], s3.parse_timestamp
+
+    def counting(text):
+        parsed.append(text)
+        return original(text)
+
+    monkeypatch.setattr(s3, "parse_timestamp", counting)
+    listing = make_store(moto_s3.endpoint, f"s3://{bucket}/data")  # sessions made now
+    try:
+        assert len(list(listing.list())) == 3
+    finally:
+        listing.close()
+    assert len(parsed) >= 3
 
 
 def test_list_paginates_and_keeps_utf8_byte_order(moto_s3):
