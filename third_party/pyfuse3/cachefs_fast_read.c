@@ -138,6 +138,11 @@ static uint64_t open_fds, max_open_fds;
 static int splice_granted; /* libfuse splices replies on this connection (reply_spliced()) */
 static int passthrough_wanted; /* cfr_want_passthrough(): also splice READs (rule 2) */
 
+/* 64-bit words of a block's `checked` bitmap (a bit per chunk). */
+static inline uint64_t checked_words(uint64_t nchunks) {
+    return (nchunks + 63) / 64;
+}
+
 static inline uint64_t slot_of(const table_t *t, uint64_t key) {
     key ^= key >> 33; /* every bit counts: inodes differ in their high bits (dataset slots) */
     key *= 0xFF51AFD7ED558CCDull;
@@ -649,8 +654,8 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
         return -1;
     }
     size_t path_len = strlen(path) + 1;
-    uint64_t checked_words = (nchunks + 63) / 64;
-    cfr_block *b = malloc(sizeof(*b) + (nchunks + checked_words) * 8 + path_len);
+    uint64_t words = checked_words(nchunks);
+    cfr_block *b = malloc(sizeof(*b) + (nchunks + words) * 8 + path_len);
     if (!b) return -1;
     b->index = index;
     b->backing_id = 0;
@@ -669,8 +674,8 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
         b->sums[c] = v;
     }
     b->checked = b->sums + nchunks;
-    memset(b->checked, 0, checked_words * 8);
-    b->path = (char *)(b->checked + checked_words);
+    memset(b->checked, 0, words * 8);
+    b->path = (char *)(b->checked + words);
     memcpy(b->path, path, path_len);
     b->fd = -1;
     b->fd_older = b->fd_newer = NULL;
@@ -877,7 +882,7 @@ static void note_checked(cfr_block *b, const struct stat *st, uint64_t at, uint6
     if (!in_checked_state(b, st)) {
         b->checked_ino = (uint64_t)st->st_ino;
         b->checked_ctime_ns = ctime_ns(st);
-        memset(b->checked, 0, (b->nchunks + 63) / 64 * 8);
+        memset(b->checked, 0, checked_words(b->nchunks) * 8);
     }
     if (len == 0) return;
     for (uint64_t c = at / chunk_size; c <= (at + len - 1) / chunk_size; c++)
@@ -926,10 +931,11 @@ static int open_block(cfr_block *b, struct stat *st) {
     return fstat(fd, st) == 0 ? fd : -1;
 }
 
-/* Read `len` bytes at `at` of the block's file, whose fstat() before the read is `st`, into
- * `dst` and check every chunk (the span is chunk-aligned and holds whole chunks, except the
- * block's last). 0 when good (the chunks are noted as checked); else the block is dropped from
- * the table (its file closed) and -1 returned. */
+/* Read `len` bytes at `at` of the block's file into `dst` and check every chunk (the span is
+ * chunk-aligned and holds whole chunks, except the block's last). 0 when good, and the chunks
+ * are noted as checked in the state `st` (the file's fstat() before the read; NULL: not noted,
+ * as without passthrough nothing uses it); else the block is dropped from the table (its file
+ * closed) and -1 returned. */
 static int read_checked(cfr_block *b, const struct stat *st, unsigned char *dst, uint64_t at,
                         uint64_t len) {
     int fd = block_fd(b);
@@ -956,7 +962,7 @@ static int read_checked(cfr_block *b, const struct stat *st, unsigned char *dst,
             return -1;
         }
     }
-    note_checked(b, st, at, len);
+    if (st) note_checked(b, st, at, len);
     return 0;
 }
 
@@ -1016,8 +1022,8 @@ static int splice_pipe_for(uint64_t len, uint64_t spans) {
     if (splice_pipe[0] < 0) {
         if (pipe2(splice_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 0;
         int size = fcntl(splice_pipe[0], F_SETPIPE_SZ, SPLICE_PIPE_BYTES);
-        if (size < 0 && errno == EPERM && pipe_max_size() > 0)
-            size = fcntl(splice_pipe[0], F_SETPIPE_SZ, pipe_max_size());
+        int limit = size < 0 && errno == EPERM ? pipe_max_size() : -1;
+        if (limit > 0) size = fcntl(splice_pipe[0], F_SETPIPE_SZ, limit);
         if (size < 0) {
             close_splice_pipe();
             splice_unavailable = 1;
@@ -1098,12 +1104,17 @@ int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
             uint64_t span_lo = lo - lo % chunk_size;
             uint64_t span_hi = hi + (chunk_size - hi % chunk_size) % chunk_size;
             if (span_hi > b->length) span_hi = b->length;
-            if (open_block(b, &st) < 0) goto fall_through;
+            /* The file's state, for splicing these chunks next time (passthrough only). */
+            const struct stat *state = NULL;
+            if (passthrough_wanted) {
+                if (open_block(b, &st) < 0) goto fall_through;
+                state = &st;
+            }
             if (span_lo == lo && span_hi == hi) { /* aligned: read straight into the reply */
-                if (read_checked(b, &st, out_buf + pos, lo, hi - lo) != 0) goto fall_through;
+                if (read_checked(b, state, out_buf + pos, lo, hi - lo) != 0) goto fall_through;
             } else {
                 if (reserve(&scratch_buf, &scratch_cap, span_hi - span_lo) != 0 ||
-                    read_checked(b, &st, scratch_buf, span_lo, span_hi - span_lo) != 0)
+                    read_checked(b, state, scratch_buf, span_lo, span_hi - span_lo) != 0)
                     goto fall_through;
                 memcpy(out_buf + pos, scratch_buf + (lo - span_lo), hi - lo);
             }
