@@ -368,23 +368,22 @@ class WorkerConfig:
         "--fuse-fast-read",
         TRISTATE,
         "auto",
-        "answer READs of RAM-tier blocks in C inside the patched pyfuse3, every chunk checked, "
-        "without Python (`auto`: on with that pyfuse3 in no-open mode; `off`: every READ in "
-        "Python, as with stock pyfuse3)",
+        "answer READs of RAM-tier blocks in C inside the patched pyfuse3, every chunk checked "
+        "(once while its block file is unchanged; spliced after that), without Python (`auto`: "
+        "on with that pyfuse3 in no-open mode; `off`: every READ in Python, as with stock "
+        "pyfuse3)",
     )
     # The kernel reads a cached small file's block file itself (FUSE passthrough, Linux >= 6.9;
-    # cachefs_fast_read.c "passthrough"), and READs of chunks checked before are spliced
-    # ("splicing"): both serve a block file as it is between checks. Off by default: a file a
-    # reader holds open keeps its evicted block's space until it is closed (see
-    # docs/architecture.md).
+    # cachefs_fast_read.c "passthrough"): it serves a block file as it is between checks, as
+    # splicing does ("splicing"). Off by default: a file a reader holds open keeps its evicted
+    # block's space until it is closed (see docs/architecture.md).
     passthrough: bool | None = option(
         "--fuse-passthrough",
         TRISTATE,
         "off",
         "hand files whose one block is in the RAM tier to the kernel (FUSE passthrough, Linux "
         ">= 6.9): first reads then cost an OPEN and a RELEASE answered in C and no copy through "
-        "the worker; READs of chunks checked before (larger files) are spliced, without that "
-        "copy either; needs the native path (`auto`: when the kernel grants it)",
+        "the worker; needs the native path (`auto`: when the kernel grants it)",
     )
     # Off unless asked: a fixed default port would make a second worker on the machine fail
     # to start (the control socket always serves /metrics).

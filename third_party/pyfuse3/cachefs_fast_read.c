@@ -5,13 +5,15 @@
  *  1. A block enters the table only from cachefs, after the cache admitted it and stored its
  *     chunk checksums, and only for the snapshot generation it was looked up in.
  *  2. Every chunk a READ answered here serves has passed its checksum: checked by this READ
- *     (read into memory, then replied). With passthrough asked for (cfr_want_passthrough()),
- *     whose backing files the kernel reads as they are between checks, a chunk checked by an
- *     earlier READ while the block file was in the state it is in now (same inode, ctime and
- *     size; any write moves the ctime) is spliced from the file to /dev/fuse instead, without
- *     a copy through the worker (see note_checked()). A file that is gone, short or fails a
- *     checksum drops the block and hands the READ to Python, which drops the block from the
- *     cache and fetches it again.
+ *     (read into memory, then replied), or by an earlier READ while the block file was in the
+ *     state it is in now (same inode, ctime and size; any write moves the ctime), in which case
+ *     it is spliced from the file to /dev/fuse, without a copy through the worker (see
+ *     note_checked()). The latter only where nothing but a write can change a file's bytes:
+ *     block files on tmpfs (the RAM tier), or any with passthrough asked for
+ *     (cfr_want_passthrough()), whose backing files the kernel reads as they are between
+ *     checks (see serves_checked()). A file that is gone, short or fails a checksum drops the
+ *     block and hands the READ to Python, which drops the block from the cache and fetches it
+ *     again.
  *  3. Before the cache removes a block file (eviction, dataset removal, cleanup, hand-off trims,
  *     promotion), cachefs calls cfr_forget_file(); before a snapshot swap or a dataset removal
  *     becomes visible, cfr_forget_inodes() over the dataset's inodes. Both take the table's
@@ -37,6 +39,7 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -53,6 +56,7 @@
 #define CFR_XXH3_64 XXH3_64bits
 #endif
 
+#define TMPFS_MAGIC 0x01021994 /* <linux/magic.h>: the RAM tier's filesystem */
 /* A file with more blocks than this is never registered (its block array would be huge). */
 #define MAX_FILE_BLOCKS (1u << 16)
 /* The block arrays of all files in the table hold at most this many slots per max_blocks. */
@@ -80,6 +84,7 @@ typedef struct cfr_block {
     uint64_t *sums;               /* host order, nchunks of them */
     char *path;
     int fd;                       /* the open block file, or -1 */
+    int on_tmpfs;                 /* -1 until its file is first opened; then whether on tmpfs */
     int32_t backing_id;           /* its kernel backing-file id (passthrough), or 0 ... */
     uint64_t backing_ino;         /* ... made of the file with this inode number */
     int64_t checked_ctime_ns;     /* the file's ctime and inode number when the chunks in */
@@ -136,7 +141,7 @@ static size_t out_cap, scratch_cap;
 static cfr_block *oldest_open, *newest_open;
 static uint64_t open_fds, max_open_fds;
 static int splice_granted; /* libfuse splices replies on this connection (reply_spliced()) */
-static int passthrough_wanted; /* cfr_want_passthrough(): also splice READs (rule 2) */
+static int passthrough_wanted; /* cfr_want_passthrough(); also splice off tmpfs (rule 2) */
 
 /* 64-bit words of a block's `checked` bitmap (a bit per chunk). */
 static inline uint64_t checked_words(uint64_t nchunks) {
@@ -678,6 +683,7 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
     b->path = (char *)(b->checked + words);
     memcpy(b->path, path, path_len);
     b->fd = -1;
+    b->on_tmpfs = -1;
     b->fd_older = b->fd_newer = NULL;
 
     pthread_mutex_lock(&lock);
@@ -928,7 +934,22 @@ static int open_block(cfr_block *b, struct stat *st) {
         vanished_if_gone(b);
         return -1;
     }
+    if (b->on_tmpfs < 0) {
+        struct statfs fs;
+        if (fstatfs(fd, &fs) != 0) return -1;
+        b->on_tmpfs = fs.f_type == TMPFS_MAGIC;
+    }
     return fstat(fd, st) == 0 ? fd : -1;
+}
+
+/* Whether chunks of block `b` that passed their checksums in the file's current state may be
+ * served again without reading them (rule 2): its file is on tmpfs (the RAM tier), where only
+ * a write, which moves the ctime, changes its bytes; or passthrough was asked for, which hands
+ * such files to the kernel anyway. A block file on a disk (the SSD tier) is read and checked by
+ * every READ: a disk can lose bytes under an unchanged ctime. Known once the file was opened
+ * (open_block()); until then, no. */
+static int serves_checked(const cfr_block *b) {
+    return passthrough_wanted || b->on_tmpfs == 1;
 }
 
 /* Read `len` bytes at `at` of the block's file into `dst` and check every chunk (the span is
@@ -977,18 +998,20 @@ static void block_span(const cfr_file *f, uint64_t i, uint64_t begin, uint64_t e
 
 /* ---- splicing checked chunks to /dev/fuse ----
  *
- * With passthrough asked for, a READ whose every chunk passed its checksum in its file's
- * current state (the rule passthrough's backing files follow) is answered without copying its
- * bytes through the worker: splice() puts references to the tier's pages into a
- * pipe, and fuse_reply_data() splices that pipe to /dev/fuse, where the kernel copies the bytes
- * once, into the reader's pages (a READ read and checked here costs a pread() copy, an xxh3
- * pass and that copy). The pipe is empty after every reply (or replaced), so it never holds an
- * evicted block's pages past the READ. It needs libfuse to splice replies (FUSE_CAP_SPLICE_WRITE,
- * asked for in cfr_init_connection()) and pipes with room for the READ: ours, and libfuse's,
- * which also holds the reply's header. A pipe may grow past /proc/sys/fs/pipe-max-size (1 MiB by
- * default) only with CAP_SYS_RESOURCE; without it, READs up to that size less a few pages (a
- * small file) are spliced and the kernel's 1 MiB READs of a large file are read and checked,
- * unless the administrator raises fs.pipe-max-size (README, "The native READ path"). */
+ * A READ whose every chunk passed its checksum in its file's current state, of block files
+ * that may serve checked chunks (serves_checked(): on tmpfs, or any with passthrough asked
+ * for), is answered without copying its bytes through the worker: splice() puts references to
+ * the tier's pages into a pipe, and fuse_reply_data() splices that pipe to /dev/fuse, where the
+ * kernel copies the bytes once, into the reader's pages (a READ read and checked here costs a
+ * pread() copy, an xxh3 pass and that copy: about a third more worker CPU per small file,
+ * bench/results/native_read/2026-11-28-native-splice.md). The pipe is empty after every reply
+ * (or replaced), so it never holds an evicted block's pages past the READ. It needs libfuse
+ * to splice replies (FUSE_CAP_SPLICE_WRITE, asked for in cfr_init_connection()) and pipes with
+ * room for the READ: ours, and libfuse's, which also holds the reply's header. A pipe may grow
+ * past /proc/sys/fs/pipe-max-size (1 MiB by default) only with CAP_SYS_RESOURCE; without it,
+ * READs up to that size less a few pages (a small file) are spliced and the kernel's 1 MiB
+ * READs of a large file are read and checked, unless the administrator raises
+ * fs.pipe-max-size (README, "The native READ path"). */
 
 #define SPLICE_PIPE_BYTES (2u << 20) /* a 1 MiB READ (the most the kernel sends) fits twice */
 
@@ -1017,7 +1040,7 @@ static int pipe_max_size(void) {
  * use, and libfuse's pipe have room for them, a buffer per page or piece of one, and the
  * reply's header. */
 static int splice_pipe_for(uint64_t len, uint64_t spans) {
-    if (!passthrough_wanted || !splice_granted || splice_unavailable) return 0;
+    if (!splice_granted || splice_unavailable) return 0;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (splice_pipe[0] < 0) {
         if (pipe2(splice_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 0;
@@ -1078,16 +1101,18 @@ int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
     int spliced = 0;
     if (begin < end) {
         uint64_t bs = f->block_size, first = begin / bs, last = (end - 1) / bs;
-        int all_checked = passthrough_wanted; /* else every READ reads and checks (rule 2) */
+        int all_checked = 1;
         for (uint64_t i = first; i <= last; i++) {
             cfr_block *b = f->blocks[i];
             if (!b) goto fall_through;
-            if (all_checked) {
+            if (all_checked && !passthrough_wanted && b->on_tmpfs == 0) {
+                all_checked = 0; /* read and checked: no fstat() needed */
+            } else if (all_checked) {
                 struct stat st;
                 uint64_t lo, hi;
                 block_span(f, i, begin, end, &lo, &hi);
                 if (open_block(b, &st) < 0) goto fall_through;
-                all_checked = span_checked(b, &st, lo, hi);
+                all_checked = serves_checked(b) && span_checked(b, &st, lo, hi);
             }
         }
         if (all_checked && reply_spliced(req, f, begin, end)) {
@@ -1104,11 +1129,11 @@ int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
             uint64_t span_lo = lo - lo % chunk_size;
             uint64_t span_hi = hi + (chunk_size - hi % chunk_size) % chunk_size;
             if (span_hi > b->length) span_hi = b->length;
-            /* The file's state, for splicing these chunks next time (passthrough only). */
+            /* The file's state, for splicing these chunks next time (see serves_checked()). */
             const struct stat *state = NULL;
-            if (passthrough_wanted) {
+            if (passthrough_wanted || b->on_tmpfs != 0) {
                 if (open_block(b, &st) < 0) goto fall_through;
-                state = &st;
+                if (serves_checked(b)) state = &st;
             }
             if (span_lo == lo && span_hi == hi) { /* aligned: read straight into the reply */
                 if (read_checked(b, state, out_buf + pos, lo, hi - lo) != 0) goto fall_through;

@@ -37,6 +37,15 @@ def drop_pages_keep_dentries() -> None:
         f.write("1\n")
 
 
+def drop_file_pages(path: str) -> None:
+    """Drop one file's cached pages (its next read sends READs), leaving every other file's."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def read_whole(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -98,8 +107,9 @@ def test_reads_of_every_size_are_byte_exact_and_answered_in_c(tmp_path, fast_rea
             assert read_whole(worker.path("ds", name)) == data
         drop_pages_keep_dentries()
         python_reads, before = fuse_op_count(worker, "read"), native_stats(worker)
-        for name, data in files.items():
+        for name, data in files.items():  # first READs in C: read and checked
             assert read_whole(worker.path("ds", name)) == data
+        checked = native_stats(worker)
         drop_pages_keep_dentries()
         for name, data in files.items():  # single reads at odd offsets: partial chunks
             with open(worker.path("ds", name), "rb", buffering=0) as f:
@@ -111,8 +121,10 @@ def test_reads_of_every_size_are_byte_exact_and_answered_in_c(tmp_path, fast_rea
         if fast_read == "on":
             assert after["reads"] > before["reads"]
             assert after["corrupt"] == after["vanished"] == 0
-            # Without passthrough every READ reads and checks its chunks: none is spliced.
-            assert after["spliced"] == 0
+            # A chunk is read and checked by the first READ of it; once checked, and while
+            # its tmpfs block file keeps its state, READs of it are spliced.
+            assert checked["spliced"] == before["spliced"]
+            assert after["spliced"] > checked["spliced"]
             # Every READ of these cached files was answered in C: none reached Python.
             assert fuse_op_count(worker, "read") == python_reads
             assert after["blocks"] == sum(-(-size // BLOCK) for size in SIZES)
@@ -144,6 +156,50 @@ def test_a_corrupted_block_file_is_dropped_and_refetched_never_served(tmp_path, 
             assert native_stats(worker)["corrupt"] == 1  # C saw it first and handed it over
         drop_pages_keep_dentries()
         assert read_whole(path) == data  # from the block admitted again
+    finally:
+        worker.cleanup()
+
+
+@pytest.mark.skipif(not FAST_READ_SUPPORTED, reason="needs the patched pyfuse3")
+@pytest.mark.parametrize("ram_on_tmpfs", [True, False], ids=["ram-on-tmpfs", "ram-on-disk"])
+def test_checked_chunks_of_a_tmpfs_block_file_are_spliced_until_it_changes(tmp_path, ram_on_tmpfs):
+    """Without passthrough: a chunk is read and checked by the first READ of it in C; after that,
+    while its block file keeps its state (inode, ctime, size), READs of it are spliced from the
+    file, unless the RAM tier is not on tmpfs (a disk can lose bytes under an unchanged ctime:
+    every READ reads and checks there). Any write to the block file moves its ctime: the next
+    READ checks again and catches a flipped byte."""
+    rng = random.Random(17)
+    files = {f"f{size}.bin": rng.randbytes(size) for size in (5000, BLOCK + 1, 3 * BLOCK + 7)}
+    make_source(tmp_path / "src", files)
+    options = ["--fuse-fast-read", "on", "--fuse-passthrough", "off"]
+    if not ram_on_tmpfs:
+        options += ["--ram-dir", str(tmp_path / "ram-on-disk")]  # tmp_path is not on tmpfs
+    worker = WorkerProcess(str(tmp_path / "w"), extra_args=options).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}", block_size=BLOCK)
+        for name, data in files.items():  # cold: fetched and admitted in Python
+            assert read_whole(worker.path("ds", name)) == data
+        python_reads = fuse_op_count(worker, "read")
+        for _ in range(2):  # the chunks' first READs in C read and check; the next ones...
+            # Only the mount's pages go: the block files' stay cached, so that one on disk
+            # could be spliced too, and is not.
+            before = native_stats(worker)
+            for name, data in files.items():
+                drop_file_pages(worker.path("ds", name))
+                assert read_whole(worker.path("ds", name)) == data
+        after = native_stats(worker)
+        assert fuse_op_count(worker, "read") == python_reads  # all answered in C
+        if ram_on_tmpfs:  # ... are spliced, every one
+            assert after["spliced"] - before["spliced"] == after["reads"] - before["reads"] > 0
+        else:  # ... read and checked again
+            assert after["spliced"] == 0 and after["reads"] > before["reads"]
+
+        block_file = worker.client.resolve("ds", f"f{3 * BLOCK + 7}.bin")["blocks"][2]["file"]
+        flip_byte(block_file, 1000)  # in place: same inode and size, a new ctime
+        drop_pages_keep_dentries()
+        for name, data in files.items():
+            assert read_whole(worker.path("ds", name)) == data  # refetched, never served
+        assert native_stats(worker)["corrupt"] == 1
     finally:
         worker.cleanup()
 
