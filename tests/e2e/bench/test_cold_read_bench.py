@@ -117,7 +117,9 @@ def test_a_tiny_run_measures_cold_reads_and_direct_gets(tmp_path):
             # Cold: every file missed the cache and was fetched from the store.
             assert mount["worker"]["misses"] >= files
             assert mount["store"]["get_object"] >= files
-            assert mount["worker_cpu_ms_per_file"] > 0
+            # Measured from /proc in clock ticks (10 ms): a pass of 8 tiny files may take
+            # less than one; the sum over every pass below may not.
+            assert mount["worker_cpu_ms_per_file"] >= 0
         assert "p50_ms" in rows[("latency_tiny", "mount", delay)]
         large_direct, large_mount = (
             rows[("large", "direct", delay)],
@@ -126,6 +128,8 @@ def test_a_tiny_run_measures_cold_reads_and_direct_gets(tmp_path):
         assert large_direct["store"]["get_object"] == 2  # two 1 MiB ranges
         assert large_mount["bytes"] == 2 << 20 and large_mount["store"]["get_object"] >= 1
         assert len(large_mount["all_seconds"]) == 2
+    mount_rows = [row for row in results["passes"] if row["path"] == "mount"]
+    assert sum(row["worker_cpu_ms_per_file"] * row["files"] for row in mount_rows) > 0
     # Behind the proxy every GET went through it; without it, none did.
     assert rows[("epoch", "mount", 5.0)]["proxy_object_gets"] >= 24
     assert rows[("epoch", "direct", 5.0)]["proxy_object_gets"] == 24
