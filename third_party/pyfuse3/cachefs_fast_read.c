@@ -952,11 +952,17 @@ static int serves_checked(const cfr_block *b) {
     return passthrough_wanted || b->on_tmpfs == 1;
 }
 
+/* Whether block `b` may serve checked chunks, as far as is known before open_block(): not when
+ * its file is known to be off tmpfs without passthrough (then no fstat() is needed at all). */
+static int may_serve_checked(const cfr_block *b) {
+    return passthrough_wanted || b->on_tmpfs != 0;
+}
+
 /* Read `len` bytes at `at` of the block's file into `dst` and check every chunk (the span is
  * chunk-aligned and holds whole chunks, except the block's last). 0 when good, and the chunks
  * are noted as checked in the state `st` (the file's fstat() before the read; NULL: not noted,
- * as without passthrough nothing uses it); else the block is dropped from the table (its file
- * closed) and -1 returned. */
+ * as a block that does not serve checked chunks never uses it, see serves_checked()); else the
+ * block is dropped from the table (its file closed) and -1 returned. */
 static int read_checked(cfr_block *b, const struct stat *st, unsigned char *dst, uint64_t at,
                         uint64_t len) {
     int fd = block_fd(b);
@@ -1105,7 +1111,7 @@ int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
         for (uint64_t i = first; i <= last; i++) {
             cfr_block *b = f->blocks[i];
             if (!b) goto fall_through;
-            if (all_checked && !passthrough_wanted && b->on_tmpfs == 0) {
+            if (all_checked && !may_serve_checked(b)) {
                 all_checked = 0; /* read and checked: no fstat() needed */
             } else if (all_checked) {
                 struct stat st;
@@ -1131,7 +1137,7 @@ int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
             if (span_hi > b->length) span_hi = b->length;
             /* The file's state, for splicing these chunks next time (see serves_checked()). */
             const struct stat *state = NULL;
-            if (passthrough_wanted || b->on_tmpfs != 0) {
+            if (may_serve_checked(b)) {
                 if (open_block(b, &st) < 0) goto fall_through;
                 if (serves_checked(b)) state = &st;
             }
