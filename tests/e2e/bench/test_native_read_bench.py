@@ -118,3 +118,9 @@ def test_a_tiny_run_measures_what_each_pass_says(tmp_path, capsys):
     assert walk["files"] == 300 + 300 + 1
     assert by_key[("walk_cold_first", "tmpfs", 1)]["files"] == walk["files"]
     assert "worker_rss" in walk
+    # tmpfs's copy of the namespace is gone before the worker walks (its dentries would stay
+    # in the kernel's shared dentry hash table): the worker walked with fewer cached dentries.
+    assert by_key[("walk_cold_first", "tmpfs", 1)]["tmpfs_copy_present"] is True
+    assert walk["tmpfs_copy_present"] is False
+    assert walk["dentries_before"] > 0
+    assert "dentries cached before the walk" in render(results)
