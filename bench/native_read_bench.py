@@ -743,7 +743,7 @@ def render(results: dict) -> str:
                 rss_lines.append(
                     f"{first} worker after the walks: VmRSS {rss['VmRSS'] >> 20} MiB "
                     f"(anonymous {rss['RssAnon'] >> 20} MiB, file-backed "
-                    f"{rss['RssFile'] >> 20} MiB: the mapped snapshot), peak "
+                    f"{rss['RssFile'] >> 20} MiB: libraries and snapshot pages), peak "
                     f"{rss['VmHWM'] >> 20} MiB."
                 )
             continue

@@ -93,6 +93,11 @@ class DatasetManager:
         self._errors: dict[str, str] = {}  # dataset -> last refresh error (shown in status)
         self._last_refresh: dict[str, float] = {}
 
+    def unmap_snapshots(self) -> int:
+        """Unmap the pages of every served snapshot (Snapshot.unmap_pages; blocking, run it in
+        a thread); the bytes advised."""
+        return sum(dataset.snapshot.unmap_pages() for dataset in self._fs.datasets())
+
     # --- at start and at exit (blocking: before serving, after) ------------------------------
 
     def open_registered(self) -> None:

@@ -265,3 +265,10 @@ def fields_of(obj: Any) -> dict[str, Any]:
 def rss_bytes() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def mapped_file_bytes() -> int:
+    """The part of :func:`rss_bytes` that is mapped files (and shared memory): the loaded
+    libraries, and the snapshot pages LMDB's reads have mapped."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[2]) * os.sysconf("SC_PAGE_SIZE")

@@ -36,6 +36,7 @@ from cachefs.mountpoint import forget_mount, prepare_mountpoint, remember_mount
 from cachefs.node import Node, tier_configs, tier_requests
 from cachefs.pidlock import WORKER_LOCK_NAME, LockHeld, take_pid_lock
 from cachefs.settings import WorkerConfig
+from cachefs.status import mapped_file_bytes
 
 log = logging.getLogger("cachefs.worker")
 
@@ -43,6 +44,11 @@ log = logging.getLogger("cachefs.worker")
 _MAX_UNIX_PATH = 107
 # How long the servers may take to finish once shutdown is set: never hang on exit.
 _EXIT_DEADLINE_S = 10
+#: Mapped files the worker keeps before it unmaps its snapshots' pages (Snapshot.unmap_pages):
+#: the libraries take ~16 MiB, and a walk of a large dataset would map its whole snapshot (216
+#: MiB for 1.28 M entries). Above this, once a second, the snapshots are unmapped; what is read
+#: again maps back from the page cache.
+MAPPED_FILES_BYTES = 64 << 20
 
 
 class Worker:
@@ -203,11 +209,14 @@ class Worker:
                 return
 
     async def _housekeeping(self, node: Node) -> None:
-        """Periodic index flush (LRU stamps, durability) and scheduled dataset refreshes."""
+        """Periodic index flush (LRU stamps, durability), scheduled dataset refreshes, and
+        snapshot pages unmapped once the mapped files pass MAPPED_FILES_BYTES."""
         while True:
             await trio.sleep(1.0)
             await trio.to_thread.run_sync(node.cache.flush)
             await node.datasets.refresh_due()
+            if mapped_file_bytes() > MAPPED_FILES_BYTES:
+                await trio.to_thread.run_sync(node.datasets.unmap_snapshots)
 
 
 class _StartStatus:

@@ -25,7 +25,9 @@ that is what makes the choices below safe:
 from __future__ import annotations
 
 import builtins
+import ctypes
 import json
+import mmap
 import os
 import threading
 import weakref
@@ -261,6 +263,19 @@ class Snapshot:
                 if not entry.is_dir:
                     yield entry
 
+    def unmap_pages(self) -> int:
+        """Drop this process's page-table entries for the snapshot's file (``madvise``
+        MADV_DONTNEED over every mapping of it); returns the bytes of the ranges advised.
+
+        Why: LMDB reads through a shared read-only mapping, so every record read stays mapped
+        and counts in the worker's RSS until the snapshot closes: a walk of 1.28 M entries left
+        216 MiB of it. The pages themselves stay in the page cache (a later read maps one back
+        with a minor fault and the same bytes, also under a read in another thread: py-lmdb
+        hands out copies, never views of the map), and unmapped page cache is what reclaim
+        takes first, so a worker that walked a large dataset no longer holds it."""
+        data_file = os.path.realpath(os.path.join(self.path, "data.mdb"))
+        return _unmap_file_pages(data_file)
+
     # --- internals ------------------------------------------------------------------------
 
     def _live_env(self) -> lmdb.Environment:
@@ -386,6 +401,31 @@ class Snapshot:
                     raise self._damaged(child_key)
                 children.append(decode(name, unpack_ino(child_key)[0], record))
         return children, name
+
+
+def _unmap_file_pages(path: str) -> int:
+    """``madvise(MADV_DONTNEED)`` over every mapping of ``path`` in this process (as
+    /proc/self/maps lists them); the bytes advised. A file-backed shared mapping loses only its
+    page-table entries: the file's pages stay in the page cache."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].rstrip("\n") == path:
+                low, _, high = fields[0].partition("-")
+                ranges.append((int(low, 16), int(high, 16)))
+    advised = 0
+    for start, end in ranges:
+        if _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"madvise of {path}: {os.strerror(err)}")
+        advised += end - start
+    return advised
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
 
 
 # py-lmdb refuses to open one environment twice in a process (a second handle would share, and

@@ -179,3 +179,45 @@ async def test_readers_on_trio_and_threads_while_a_refresh_is_built_and_swapped(
     assert result.stats.files == len(new_objects) and result.removed == []
     assert served["snapshot"].resolve("class20/img2999.jpg") is not None
     served["snapshot"].close()
+
+
+def _mapped_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total = 0
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
+                inside = len(head) == 6 and head[5] == path
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+def test_unmapping_a_snapshots_pages_drops_them_from_rss_and_reads_stay_right(tmp_path) -> None:
+    """Reading every record maps the snapshot's file into this process; unmap_pages() drops
+    those mappings' resident pages to nothing, and every listing reads the same afterwards (the
+    pages come back from the page cache)."""
+    dest = tmp_path / "snap"
+    build_snapshot([obj(f"d{i % 40}/file-{i:06d}.bin") for i in range(20_000)], str(dest))
+    snapshot = Snapshot.open(dest)
+    data_file = os.path.realpath(dest / "data.mdb")
+    try:
+
+        def every_listing() -> list:
+            listed = []
+            for directory in snapshot.readdir_fields(ROOT):
+                listed.append(directory)
+                listed.extend(snapshot.readdir_fields(directory[1]))
+            return listed
+
+        before = every_listing()
+        assert len(before) == 40 + 20_000
+        assert _mapped_kib(data_file) > 256  # the records read are mapped (the file is ~3 MB)
+        assert snapshot.unmap_pages() >= os.path.getsize(data_file)
+        assert _mapped_kib(data_file) == 0
+        assert every_listing() == before
+        assert _mapped_kib(data_file) > 256  # mapped again by the reads
+    finally:
+        snapshot.close()
