@@ -26,7 +26,7 @@ from cachefs.cluster.preload import PreloadSource
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, EmptySource
 from cachefs.fs.blocks import DataSource
 from cachefs.fs.core import MOUNT_ROOT, FileSystem, MountedDataset
-from cachefs.meta import BuildResult, Entry, Snapshot, build_snapshot
+from cachefs.meta import BuildResult, Entry, Snapshot, SnapshotError, build_snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.protocol import DatasetSpec
 from cachefs.registry import Registry
@@ -95,8 +95,16 @@ class DatasetManager:
 
     def unmap_snapshots(self) -> int:
         """Unmap the pages of every served snapshot (Snapshot.unmap_pages; blocking, run it in
-        a thread); the bytes advised."""
-        return sum(dataset.snapshot.unmap_pages() for dataset in self._fs.datasets())
+        a thread); the bytes advised. A snapshot closed meanwhile (a refresh swapped it) or an
+        madvise refused is skipped with a log line: this only trims memory, it must never stop
+        the housekeeping loop."""
+        advised = 0
+        for dataset in self._fs.datasets():
+            try:
+                advised += dataset.snapshot.unmap_pages()
+            except (SnapshotError, OSError) as err:
+                log.warning("dataset %r: snapshot pages not unmapped: %s", dataset.name, err)
+        return advised
 
     # --- at start and at exit (blocking: before serving, after) ------------------------------
 

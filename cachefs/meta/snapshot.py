@@ -273,8 +273,15 @@ class Snapshot:
         with a minor fault and the same bytes, also under a read in another thread: py-lmdb
         hands out copies, never views of the map), and unmapped page cache is what reclaim
         takes first, so a worker that walked a large dataset no longer holds it."""
+        # Held until the advice is given: while this reference lives the environment cannot
+        # be closed, so its mapping cannot be unmapped and its address reused by another
+        # mapping (say, malloc's: MADV_DONTNEED would zero that) between reading
+        # /proc/self/maps and madvise. Raises SnapshotError once the snapshot is closed.
+        env = self._live_env()
         data_file = os.path.realpath(os.path.join(self.path, "data.mdb"))
-        return _unmap_file_pages(data_file)
+        advised = _unmap_file_pages(data_file)
+        del env
+        return advised
 
     # --- internals ------------------------------------------------------------------------
 

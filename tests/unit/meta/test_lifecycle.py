@@ -221,3 +221,5 @@ def test_unmapping_a_snapshots_pages_drops_them_from_rss_and_reads_stay_right(tm
         assert _mapped_kib(data_file) > 256  # mapped again by the reads
     finally:
         snapshot.close()
+    with pytest.raises(SnapshotError, match="closed"):  # never advice on an unmapped range
+        snapshot.unmap_pages()
