@@ -263,12 +263,16 @@ def fields_of(obj: Any) -> dict[str, Any]:
 
 
 def rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return _statm_bytes(1)
 
 
 def mapped_file_bytes() -> int:
     """The part of :func:`rss_bytes` that is mapped files (and shared memory): the loaded
     libraries, and the snapshot pages LMDB's reads have mapped."""
+    return _statm_bytes(2)
+
+
+def _statm_bytes(field: int) -> int:
+    """Field ``field`` of /proc/self/statm (counted in pages), in bytes."""
     with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[2]) * os.sysconf("SC_PAGE_SIZE")
+        return int(statm.read().split()[field]) * os.sysconf("SC_PAGE_SIZE")
