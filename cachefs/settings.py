@@ -309,7 +309,8 @@ class WorkerConfig:
         SIZE,
         "1MiB",
         "kernel readahead of the mount (`0`: leave the kernel's); 1 MiB, the largest request "
-        "libfuse negotiates, lets a typical training sample arrive in one READ",
+        "libfuse negotiates, lets a typical training sample arrive in one READ (lowered to the "
+        "native READ path's largest spliced READ where pipes hold less than 1 MiB)",
     )
     store_threads: int = option(
         "--store-threads",

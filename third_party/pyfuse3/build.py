@@ -16,7 +16,9 @@ fuse_read() before the Python handler. A READ whose bytes are all in it is answe
 pread (block files stay open, a bounded number) + an xxh3 check of every chunk +
 fuse_reply_buf, without the GIL-holding handler or a trio task; anything else falls through
 unchanged. FUSE_INIT raises the kernel's limit on READs in flight (libfuse's default, 12, is
-below one training job's readers; congested, the kernel reads a file a page at a time). The
+below one training job's readers; congested, the kernel reads a file a page at a time), and
+lowers the largest READ to what the splice pipes hold where they hold less than 1 MiB (no
+CAP_SYS_RESOURCE): a large file's READs are then spliced like a small file's. The
 session loop then takes the next requests from /dev/fuse (waiting up to 100 µs for each, without
 the GIL, 128 at most) without going back to trio for each, as long as they are answered that
 way. And ``pyfuse3.cache_listings(True)`` makes OPENDIR replies let the kernel keep directory

@@ -141,6 +141,7 @@ static size_t out_cap, scratch_cap;
 static cfr_block *oldest_open, *newest_open;
 static uint64_t open_fds, max_open_fds;
 static int splice_granted; /* libfuse splices replies on this connection (reply_spliced()) */
+static uint64_t largest_spliced_read(void);
 static int passthrough_wanted; /* cfr_want_passthrough(); also splice off tmpfs (rule 2) */
 
 /* 64-bit words of a block's `checked` bitmap (a bit per chunk). */
@@ -832,6 +833,13 @@ void cfr_init_connection(struct fuse_conn_info *conn) {
     pthread_mutex_lock(&lock);
     splice_granted = (conn->capable & FUSE_CAP_SPLICE_WRITE) != 0;
     if (splice_granted) conn->want |= FUSE_CAP_SPLICE_WRITE;
+    /* The largest READ the kernel sends is max_pages pages, which libfuse derives from
+     * max_write after this callback. Lowered to what the splice pipes hold, a large file's
+     * READs are spliced too, instead of read, checked and copied (one copy per byte instead
+     * of two and a checksum pass: README, "The native READ path"). */
+    uint64_t fit = largest_spliced_read();
+    if (fit > 0 && fit < conn->max_write) conn->max_write = (unsigned)fit;
+    stats.max_read = conn->max_write;
     pthread_mutex_unlock(&lock);
 }
 
@@ -1062,6 +1070,18 @@ static int splice_pipe_for(uint64_t len, uint64_t spans) {
     }
     /* libfuse sizes its pipe to the reply plus three pages (fuse_send_data_iov()). */
     return len + (2 * spans + 3) * page <= splice_pipe_bytes;
+}
+
+/* The largest READ reply_spliced() can send whole, a multiple of the page size: the splice
+ * pipe's room less the margin splice_pipe_for() keeps for a READ across two blocks (one
+ * READ of at most 1 MiB spans two blocks at most; blocks are larger). 0 without splicing.
+ * With CAP_SYS_RESOURCE the pipes hold 2 MiB and every READ fits; without it they hold
+ * fs.pipe-max-size, 1 MiB by default, and a 1 MiB READ would not. */
+static uint64_t largest_spliced_read(void) {
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (!splice_pipe_for(0, 2)) return 0; /* makes the pipe: its size is known after */
+    uint64_t room = splice_pipe_bytes - (2 * 2 + 3) * page;
+    return room - room % page;
 }
 
 /* Answer the READ of [begin, end) of file `f`, whose blocks' files were opened and whose every

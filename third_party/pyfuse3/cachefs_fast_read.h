@@ -49,6 +49,7 @@ typedef struct {
     uint64_t kept_backings; /* ... of them kept by blocks in the table for their next opens */
     uint64_t opened;       /* inodes with OPENs not yet RELEASEd now */
     uint64_t spliced;      /* READs (of `reads`) spliced from chunks checked before */
+    uint64_t max_read;     /* the largest READ this connection asked for (0 before INIT) */
 } cfr_stats_t;
 
 /* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE), the most blocks kept and the

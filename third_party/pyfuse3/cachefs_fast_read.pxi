@@ -37,6 +37,7 @@ cdef extern from "cachefs_fast_read.h":
         uint64_t kept_backings
         uint64_t opened
         uint64_t spliced
+        uint64_t max_read
     void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries)
     int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                      uint64_t file_id, const char *path, uint64_t length,
@@ -173,5 +174,5 @@ def fast_read_stats():
         'passthrough': s.passthrough, 'pt_opens': s.pt_opens,
         'cached_opens': s.cached_opens, 'pt_refused': s.pt_refused,
         'backing_files': s.backing_files, 'kept_backings': s.kept_backings,
-        'opened': s.opened, 'spliced': s.spliced,
+        'opened': s.opened, 'spliced': s.spliced, 'max_read': s.max_read,
     }

@@ -204,6 +204,40 @@ def test_checked_chunks_of_a_tmpfs_block_file_are_spliced_until_it_changes(tmp_p
         worker.cleanup()
 
 
+@pytest.mark.skipif(not FAST_READ_SUPPORTED, reason="needs the patched pyfuse3")
+def test_every_read_of_a_large_checked_file_is_spliced_whatever_the_pipe_limit(tmp_path):
+    """The kernel's largest READ is lowered to what the splice pipes hold: without
+    CAP_SYS_RESOURCE a pipe holds at most fs.pipe-max-size (1 MiB by default), less than a
+    1 MiB READ and its header, which would then be read and checked by every READ. The mount's
+    readahead follows, so a window is one READ. With the capability the READs stay 1 MiB."""
+    rng = random.Random(23)
+    data = rng.randbytes((8 << 20) + 4321)  # two default-size blocks and a piece of a third
+    make_source(tmp_path / "src", {"large.bin": data})
+    options = ["--fuse-fast-read", "on", "--fuse-passthrough", "off"]
+    worker = WorkerProcess(str(tmp_path / "w"), extra_args=options).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}")
+        path = worker.path("ds", "large.bin")
+        assert read_whole(path) == data  # cold: fetched and admitted in Python
+        drop_file_pages(path)
+        assert read_whole(path) == data  # first READs in C: read and checked
+        largest = native_stats(worker)["max_read"]
+        assert 0 < largest <= 1 << 20
+        before = native_stats(worker)
+        drop_file_pages(path)
+        assert read_whole(path) == data
+        after = native_stats(worker)
+        reads = after["reads"] - before["reads"]
+        assert reads >= len(data) / largest  # no READ larger than the connection's largest
+        assert after["spliced"] - before["spliced"] == reads  # and every one spliced
+        device = os.stat(worker.mount).st_dev
+        bdi = f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb"
+        with open(bdi) as f:
+            assert int(f.read()) == min(1024, largest // 1024)
+    finally:
+        worker.cleanup()
+
+
 def test_a_refreshed_file_is_never_served_from_its_old_blocks(tmp_path, fast_read):
     source = tmp_path / "src"
     make_source(source, {"changing.bin": b"old!" * 30_000, "stable.bin": b"s" * 70_000})
