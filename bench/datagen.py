@@ -94,12 +94,16 @@ def file_bytes(spec: FileSpec, seed: int) -> bytes:
     return JPEG_HEADER + body + JPEG_TRAILER
 
 
-def write_local(root: str, plan: DatasetPlan, *, threads: int = 2) -> int:
+def write_local(root: str, plan: DatasetPlan, *, threads: int = 2, exact: bool = False) -> int:
     """Write the plan under ``root``; return how many files were (re)written.
 
     A file that already exists with the planned size is kept, so re-running is cheap; pass a
-    fresh directory (or delete the old one) after changing the seed.
+    fresh directory (or delete the old one) after changing the seed. ``exact`` (for a directory
+    the caller owns) also deletes every other file under ``root``: a benchmark re-run in its
+    work directory with fewer files must not serve the earlier run's extra ones.
     """
+    if exact:
+        _delete_unplanned(root, {os.path.normpath(spec.path) for spec in plan.files})
     for class_dir in sorted({os.path.dirname(spec.path) for spec in plan.files}):
         os.makedirs(os.path.join(root, class_dir), exist_ok=True)
 
@@ -118,6 +122,14 @@ def write_local(root: str, plan: DatasetPlan, *, threads: int = 2) -> int:
 
     with ThreadPoolExecutor(threads) as pool:
         return sum(pool.map(write, plan.files))
+
+
+def _delete_unplanned(root: str, planned: set[str]) -> None:
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            if os.path.relpath(path, root) not in planned:
+                os.unlink(path)
 
 
 def upload_s3(s3_client, bucket: str, prefix: str, plan: DatasetPlan, *, threads: int = 8) -> int:

@@ -274,6 +274,9 @@ def _make_large(
 ) -> tuple[list[str], list[int], dict[int, dict[int, int]]]:
     """The large files, and for each the xxh3 of every LARGE_CHECK_EVERY-th MiB."""
     os.makedirs(os.path.join(root, LARGE), exist_ok=True)
+    planned = {f"shard-{i:03d}.bin" for i in range(count)}
+    for stale in set(os.listdir(os.path.join(root, LARGE))) - planned:  # an earlier run's
+        os.unlink(os.path.join(root, LARGE, stale))
     names, sizes, digests = [], [], {}
     for i in range(count):
         name = f"shard-{i:03d}.bin"
@@ -302,10 +305,10 @@ def _run(args: argparse.Namespace) -> dict:
         f"in {source}",
         file=sys.stderr,
     )
-    write_local(os.path.join(source, SMALL), plan)
+    write_local(os.path.join(source, SMALL), plan, exact=True)
     if args.emulator:
         samples_plan = emulator.plan_samples(args.emulator, seed=args.seed)
-        write_local(os.path.join(source, SAMPLES), samples_plan)
+        write_local(os.path.join(source, SAMPLES), samples_plan, exact=True)
     if args.walk:
         _make_namespace(os.path.join(source, NAMES), args.walk)
     large_names, large_sizes, large_digests = _make_large(source, args.large_files, args.large_mib)

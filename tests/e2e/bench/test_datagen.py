@@ -89,6 +89,22 @@ def test_write_local_writes_the_plan_and_reruns_only_fix_what_is_wrong(tmp_path)
     assert not list(tmp_path.rglob("*.partial"))
 
 
+def test_an_exact_rewrite_deletes_what_the_plan_does_not_hold(tmp_path):
+    """A benchmark re-run with fewer files in its own work directory: the earlier run's extra
+    files go (with exact), and stay without it (a directory the caller does not own)."""
+    larger = plan_dataset(30, classes=4, mean_size=4000, seed=2)
+    smaller = plan_dataset(10, classes=4, mean_size=4000, seed=2)
+    write_local(str(tmp_path), larger)
+    (tmp_path / "stray.txt").write_bytes(b"x")
+    write_local(str(tmp_path), smaller)
+    assert len([p for p in tmp_path.rglob("*") if p.is_file()]) > 10
+    write_local(str(tmp_path), smaller, exact=True)
+    on_disk = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert on_disk == sorted(spec.path for spec in smaller.files)
+    for spec in smaller.files:
+        assert (tmp_path / spec.path).read_bytes() == file_bytes(spec, smaller.seed)
+
+
 def test_upload_s3_puts_the_same_bytes_as_the_local_tree(tmp_path):
     plan = plan_dataset(12, classes=3, mean_size=3000, seed=4)
     server = MotoServer()
