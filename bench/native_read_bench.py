@@ -35,7 +35,7 @@ small file's block file itself (FUSE passthrough), the worker answers its OPEN a
   each row records the dentries cached before it and the machine's hash table sizes when the
   boot command line fixes them.
 * ``emulator_drop_pages`` (with ``--emulator N``) — the training-input emulator (bench/emulator.py,
-  MLPerf ResNet-50 shape at ``--emulator-scale``) on N samples, tmpfs and the native worker, the
+  MLPerf ResNet-50 shape at ``--emulator-scale``) on N samples, tmpfs and every worker, the
   samples listed and the page cache dropped before each trial (``--drop-pages``): the largest
   number of accelerators kept >= 90 % busy.
 
@@ -358,9 +358,9 @@ def _run(args: argparse.Namespace) -> dict:
                 extra_args=WORKER_OPTIONS[name],
             )
             workers.append(worker)
-            datasets = [SMALL, LARGE]
-            if len(systems) == 1:  # the emulator and the walk: tmpfs and the first worker only
-                datasets += [SAMPLES] * bool(args.emulator) + [NAMES] * bool(args.walk)
+            datasets = [SMALL, LARGE] + [SAMPLES] * bool(args.emulator)
+            if len(systems) == 1:  # the walk: tmpfs and the first worker only
+                datasets += [NAMES] * bool(args.walk)
             for dataset in datasets:
                 worker.client.add_dataset(
                     {"name": dataset, "uri": f"file://{os.path.join(source, dataset)}"}
@@ -579,10 +579,10 @@ def _walk_passes(args, systems) -> list[dict]:
 
 
 def _emulator_passes(args, systems) -> list[dict]:
-    """The emulator's search on tmpfs and the first worker, page cache dropped (after a
-    listing) before each trial; the worker's RAM tier is filled by one read first."""
+    """The emulator's search on tmpfs and every worker, page cache dropped (after a listing)
+    before each trial; each worker's RAM tier is filled by one read first."""
     rows = []
-    for system in systems[:2]:
+    for system in systems:
         data = f"dir:{os.path.join(system.root, SAMPLES)}"
         if system.worker is not None:
             emulator.warm_up(emulator.parse_data_path(data), _emulator_samples(args))
@@ -726,7 +726,6 @@ def render(results: dict) -> str:
         + " |",
         "|---|---|---|" + "---|" * (3 * len(names)),
     ]
-    blank = " |" * (2 * len(names) - 1)
     rss_lines: list[str] = []
     for row in results["summary"]:
         if row["pass"].startswith("walk_cold"):
@@ -754,8 +753,11 @@ def render(results: dict) -> str:
             lines.append(
                 f"| emulator, page cache dropped (accelerators >= 90 % busy) | | "
                 f"{row.get('tmpfs_accelerators', '')} | "
-                f"{row.get(f'{first}_accelerators', '')} |{' |' * (len(names) - 1)} "
-                f"{row.get(f'{first}_ratio', '')} |{blank}"
+                + " | ".join(str(row.get(f"{n}_accelerators", "")) for n in names)
+                + " | "
+                + " | ".join(str(row.get(f"{n}_ratio", "")) for n in names)
+                + " |"
+                + " |" * len(names)
             )
             continue
         if row["pass"] in ("ls_lR", "find"):
