@@ -289,6 +289,7 @@ class DatasetManager:
 
     def _open_source(self, spec: DatasetSpec) -> DataSource:
         store = open_store(store_config(spec))
+        store.prepare_reads()  # the first read of the dataset does not wait for it
         return DataSource(spec.name, store, source_id_of(spec.uri, spec.endpoint), spec.block_size)
 
     async def _build(

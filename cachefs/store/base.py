@@ -122,4 +122,10 @@ class ObjectStore(Protocol):
         body is retried, then raised as StoreIOError — never returned."""
         ...
 
+    def prepare_reads(self) -> None:
+        """Set up now what the first :meth:`get_range` would (a client and its signing scope),
+        so that the first read of a dataset just added does not wait for it. Never raises: a
+        failure is left for the reads, which meet it with their usual error."""
+        ...
+
     def close(self) -> None: ...

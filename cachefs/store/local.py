@@ -116,6 +116,9 @@ class LocalStore:
             )
         return data
 
+    def prepare_reads(self) -> None:
+        """Nothing to set up: every read opens its file."""
+
     def close(self) -> None:
         """Nothing to release: files are opened and closed per call."""
 

@@ -249,6 +249,15 @@ class S3Store(S3Calls):
         self._client.close()
         self._list_client.close()
 
+    def prepare_reads(self) -> None:
+        """Open the lean GET client now: building it (a botocore client that signs a probe
+        request) takes tens of ms of CPU, which the first block read after a dataset add would
+        otherwise wait for."""
+        try:
+            self._lean_reader()
+        except (StoreError, ConfigError) as exc:  # left unopened: the first GET raises it again
+            log.debug("lean GET client for %s not opened yet: %s", self.description, exc)
+
     def _lean_reader(self) -> S3BulkReader | None:
         """The lean GET client, opened on first use; None where it cannot serve this source
         (cachefs/store/s3_bulk.py ``_refuse_unsupported`` says when; logged once) or when

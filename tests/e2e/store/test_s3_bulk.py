@@ -184,6 +184,29 @@ def test_a_configured_http_proxy_is_left_to_boto3(moto_s3, bucket, monkeypatch):
         store.close()
 
 
+def test_prepare_reads_opens_the_lean_client_before_the_first_read(moto_s3, bucket, monkeypatch):
+    """A dataset add calls prepare_reads (cachefs/datasets.py): the tens of ms of building the
+    lean client then come before the first block read instead of inside it."""
+    opened = []
+    real_init = S3BulkReader.__init__
+
+    def counting_init(self, *args, **kwargs):
+        opened.append(args[0])
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(S3BulkReader, "__init__", counting_init)
+    store = S3Store(config_for(moto_s3.endpoint, bucket))
+    try:
+        assert opened == []  # not when the store opens: a listing-only store never pays it
+        store.prepare_reads()
+        assert len(opened) == 1
+        assert store.get_range("big.bin", 1000, 5000) == BIG_OBJECT[1000:6000]
+        store.prepare_reads()
+        assert len(opened) == 1  # the read, and a second prepare, used the one client
+    finally:
+        store.close()
+
+
 # --- credentials: a moto server of its own, checking SigV4 signatures ---------------------------
 
 
@@ -250,6 +273,13 @@ def test_no_credentials_at_all_give_s3stores_line(auth_server, monkeypatch):
         sdk = failure(lambda: store.get_range("file.txt", 0, 5))
     finally:
         store.close()
+    # Preparing the reads of such a store says nothing; its first read says it.
+    prepared = S3Store(config)
+    try:
+        prepared.prepare_reads()
+        assert str(failure(lambda: prepared.get_range("file.txt", 0, 5))) == str(lean)
+    finally:
+        prepared.close()
     assert isinstance(lean, StoreAuthError) and "AWS_ACCESS_KEY_ID" in str(lean)
     # The same line but for the key (none named when opening).
     assert (lean.cause, lean.dataset, lean.store) == (sdk.cause, sdk.dataset, sdk.store)
