@@ -419,6 +419,13 @@ class _PyfuseNativeReadTable:
         return _patched.fast_read_stats()
 
 
+def largest_read() -> int:
+    """The largest READ the kernel sends on the mounted connection, as the patched binding
+    negotiated it at INIT (it lowers it to what its splice pipes hold); 0 with stock pyfuse3
+    or before INIT."""
+    return _patched.fast_read_stats().get("max_read", 0) if FAST_READ_SUPPORTED else 0
+
+
 def check_fast_read_possible(no_open: bool | None) -> None:
     """ConfigError unless READs can be answered natively: the patched pyfuse3, no-open mode
     (``no_open`` None: on when that pyfuse3 is installed)."""

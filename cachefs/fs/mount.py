@@ -112,11 +112,10 @@ class FuseMount:
         """The mount's kernel readahead; call after :meth:`wait_for_init` (the kernel applies
         the INIT reply's limit when INIT is answered, which would overwrite ours).
 
-        With the native path, at most its largest READ: the binding lowers that below 1 MiB
-        where the splice pipes cannot hold 1 MiB (no CAP_SYS_RESOURCE, fs.pipe-max-size 1 MiB),
-        and a readahead window one READ larger would cost a second, tiny READ per window."""
-        native = self._fs.native
-        largest_read_kib = native.stats().get("max_read", 0) // 1024 if native else 0
+        At most the largest READ: the patched binding lowers that below 1 MiB where the splice
+        pipes cannot hold 1 MiB (no CAP_SYS_RESOURCE, fs.pipe-max-size 1 MiB), and a readahead
+        window one READ larger would cost a second, tiny READ per window."""
+        largest_read_kib = fuse_ops.largest_read() // 1024
         if 0 < largest_read_kib < kib:
             log.info(
                 "readahead %d KiB, not %d: the largest READ whose reply is spliced",

@@ -230,12 +230,26 @@ def test_every_read_of_a_large_checked_file_is_spliced_whatever_the_pipe_limit(t
         reads = after["reads"] - before["reads"]
         assert reads >= len(data) / largest  # no READ larger than the connection's largest
         assert after["spliced"] - before["spliced"] == reads  # and every one spliced
-        device = os.stat(worker.mount).st_dev
-        bdi = f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb"
-        with open(bdi) as f:
-            assert int(f.read()) == min(1024, largest // 1024)
+        assert mount_readahead_kib(worker) == min(1024, largest // 1024)
     finally:
         worker.cleanup()
+    # READs served in Python get the same limit (the binding negotiates it), and the same
+    # readahead: a window is one READ there too.
+    python_path = WorkerProcess(
+        str(tmp_path / "w2"), extra_args=("--fuse-fast-read", "off")
+    ).start()
+    try:
+        python_path.add_dataset("ds", f"file://{tmp_path / 'src'}")
+        assert read_whole(python_path.path("ds", "large.bin")) == data
+        assert mount_readahead_kib(python_path) == min(1024, largest // 1024)
+    finally:
+        python_path.cleanup()
+
+
+def mount_readahead_kib(worker: WorkerProcess) -> int:
+    device = os.stat(worker.mount).st_dev
+    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as f:
+        return int(f.read())
 
 
 def test_a_refreshed_file_is_never_served_from_its_old_blocks(tmp_path, fast_read):
