@@ -20,7 +20,11 @@ def test_readahead_is_applied_after_init_and_configurable(tmp_path):
     default = WorkerProcess(str(tmp_path / "a")).start()
     custom = WorkerProcess(str(tmp_path / "b"), extra_args=("--readahead", "256KiB")).start()
     try:
-        assert mount_readahead_kib(os.path.realpath(default.mount)) == 1024
+        # 1 MiB by default, or the largest READ where the patched binding lowered it (splice
+        # pipes of less than 1 MiB: no CAP_SYS_RESOURCE; tests/e2e/fs/test_native_reads.py).
+        largest_read = (default.status()["fuse_fast_read"] or {}).get("max_read", 0)
+        expected = min(1024, largest_read // 1024) if largest_read else 1024
+        assert mount_readahead_kib(os.path.realpath(default.mount)) == expected
         assert mount_readahead_kib(os.path.realpath(custom.mount)) == 256
     finally:
         default.cleanup()
