@@ -1050,12 +1050,17 @@ static int pipe_max_size(void) {
     return n > 0 ? atoi(text) : -1;
 }
 
+/* The room a READ in `spans` pieces needs in the pipes beyond its bytes: a buffer per page or
+ * piece of one, and the reply's header (libfuse sizes its pipe to the reply plus three pages,
+ * fuse_send_data_iov()). */
+static uint64_t splice_margin(uint64_t spans) {
+    return (2 * spans + 3) * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
 /* Whether `len` bytes in `spans` pieces can be spliced: the (empty) splice pipe, made on first
- * use, and libfuse's pipe have room for them, a buffer per page or piece of one, and the
- * reply's header. */
+ * use, and libfuse's pipe have room for them and splice_margin(spans). */
 static int splice_pipe_for(uint64_t len, uint64_t spans) {
     if (!splice_granted || splice_unavailable) return 0;
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (splice_pipe[0] < 0) {
         if (pipe2(splice_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 0;
         int size = fcntl(splice_pipe[0], F_SETPIPE_SZ, SPLICE_PIPE_BYTES);
@@ -1068,8 +1073,7 @@ static int splice_pipe_for(uint64_t len, uint64_t spans) {
         }
         splice_pipe_bytes = (uint64_t)size;
     }
-    /* libfuse sizes its pipe to the reply plus three pages (fuse_send_data_iov()). */
-    return len + (2 * spans + 3) * page <= splice_pipe_bytes;
+    return len + splice_margin(spans) <= splice_pipe_bytes;
 }
 
 /* The largest READ reply_spliced() can send whole, a multiple of the page size: the splice
@@ -1080,7 +1084,7 @@ static int splice_pipe_for(uint64_t len, uint64_t spans) {
 static uint64_t largest_spliced_read(void) {
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     if (!splice_pipe_for(0, 2)) return 0; /* makes the pipe: its size is known after */
-    uint64_t room = splice_pipe_bytes - (2 * 2 + 3) * page;
+    uint64_t room = splice_pipe_bytes - splice_margin(2);
     return room - room % page;
 }
 
