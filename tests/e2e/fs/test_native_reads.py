@@ -21,6 +21,7 @@ import pytest
 from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
 from tests.damage import flip_byte
 from tests.e2e.fs.test_no_open import fuse_op_count
+from tests.e2e.test_worker import mount_readahead_kib
 from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import REPO_ROOT, WorkerProcess
 
@@ -223,6 +224,7 @@ def test_every_read_of_a_large_checked_file_is_spliced_whatever_the_pipe_limit(t
         assert read_whole(path) == data  # first READs in C: read and checked
         largest = native_stats(worker)["max_read"]
         assert 0 < largest <= 1 << 20
+        expected_readahead_kib = min(1024, largest // 1024)
         before = native_stats(worker)
         drop_file_pages(path)
         assert read_whole(path) == data
@@ -230,7 +232,7 @@ def test_every_read_of_a_large_checked_file_is_spliced_whatever_the_pipe_limit(t
         reads = after["reads"] - before["reads"]
         assert reads >= len(data) / largest  # no READ larger than the connection's largest
         assert after["spliced"] - before["spliced"] == reads  # and every one spliced
-        assert mount_readahead_kib(worker) == min(1024, largest // 1024)
+        assert mount_readahead_kib(os.path.realpath(worker.mount)) == expected_readahead_kib
     finally:
         worker.cleanup()
     # READs served in Python get the same limit (the binding negotiates it), and the same
@@ -241,15 +243,9 @@ def test_every_read_of_a_large_checked_file_is_spliced_whatever_the_pipe_limit(t
     try:
         python_path.add_dataset("ds", f"file://{tmp_path / 'src'}")
         assert read_whole(python_path.path("ds", "large.bin")) == data
-        assert mount_readahead_kib(python_path) == min(1024, largest // 1024)
+        assert mount_readahead_kib(os.path.realpath(python_path.mount)) == expected_readahead_kib
     finally:
         python_path.cleanup()
-
-
-def mount_readahead_kib(worker: WorkerProcess) -> int:
-    device = os.stat(worker.mount).st_dev
-    with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as f:
-        return int(f.read())
 
 
 def test_a_refreshed_file_is_never_served_from_its_old_blocks(tmp_path, fast_read):
