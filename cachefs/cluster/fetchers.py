@@ -15,7 +15,10 @@ limit, cachefs/store/concurrency.py), not one per process. Requests and answers 
 over one pipe per process, tagged with a request number; a reader thread in the worker hands
 each answer to the future of its request. An answer says whether any of the request's tries
 the store answered "slow down" (the adaptive limit's signal); the checksums of a written block,
-or the bytes (raw, ``send_bytes``: not pickled), follow.
+or the bytes, follow. Messages are packed with ``struct``, not pickled: pickling a request (its
+store configuration included) and an answer cost the worker and the fetcher more CPU per block
+than the GET's signing (bench/results/store_fetch_rate). A store configuration crosses the pipe
+once, pickled, and requests name it by a number.
 
 S3 sources are read through S3Store, whose GETs use the lean bulk-GET client
 (:class:`cachefs.store.s3_bulk.S3BulkReader`: its own SigV4 signer over pooled keep-alive
@@ -40,10 +43,14 @@ import itertools
 import logging
 import multiprocessing
 import os
+import pickle
+import queue
 import select
 import signal
+import struct
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -129,6 +136,68 @@ class Failure(NamedTuple):
 
     def error(self, throttled: bool) -> FetchFailed:
         return FetchFailed(self.message, kind=self.kind, throttled=throttled)
+
+
+# --- the pipe between the pool and a fetcher process -----------------------------------------
+#
+# Every message is one ``send_bytes``. To the fetcher: a store configuration (``_CONFIG``, then
+# the pickled (number, StoreConfig)), sent once before the first request that names it; a
+# request (``_REQUEST``: its number, its configuration's number, offset, length, and the lengths
+# of the key, etag and path that follow in UTF-8; no path: the bytes come back); or "stop".
+# From the fetcher: ``_ANSWER`` (the request's number, its outcome, whether it was throttled, the
+# block's checksum), then for a written block its chunk checksums, for a failure the error's
+# kind and message (UTF-8, split by a NUL), and for the bytes, a second message holding them.
+
+_CONFIG = b"C"
+_REQUEST = b"R"
+_STOP = b"S"
+_REQUEST_HEAD = struct.Struct("<cQIQQIII")
+_ANSWER = struct.Struct("<QBBQ")
+_WRITTEN, _BYTES, _FAILED = 0, 1, 2
+
+
+def _encode_request(
+    number: int, config_number: int, request: FetchRequest, path: str | None
+) -> bytes:
+    _, key, offset, length, etag = request
+    # surrogatepass: a key or path may hold any str, undecodable bytes of a local store's
+    # file names (surrogateescape) included; it must come back exactly as it went.
+    raw_key, raw_etag, raw_path = (_utf8(text) for text in (key, etag, path or ""))
+    head = _REQUEST_HEAD.pack(
+        _REQUEST, number, config_number, offset, length, len(raw_key), len(raw_etag), len(raw_path)
+    )
+    return b"".join((head, raw_key, raw_etag, raw_path))
+
+
+def _decode_request(
+    message: bytes, configs: dict[int, StoreConfig]
+) -> tuple[int, FetchRequest, str | None]:
+    _, number, config_number, offset, length, key_len, etag_len, path_len = (
+        _REQUEST_HEAD.unpack_from(message)
+    )
+    at = _REQUEST_HEAD.size
+    key = _text(message[at : at + key_len])
+    etag = _text(message[at + key_len : at + key_len + etag_len])
+    path = _text(message[at + key_len + etag_len : at + key_len + etag_len + path_len])
+    return number, (configs[config_number], key, offset, length, etag), path or None
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def _encode_failure(number: int, failure: Failure, throttled: bool) -> bytes:
+    text = _utf8(f"{failure.kind}\0{failure.message}")
+    return _ANSWER.pack(number, _FAILED, throttled, 0) + text
+
+
+def _decode_failure(text: bytes) -> Failure:
+    kind, _, message = _text(text).partition("\0")
+    return Failure(kind, message)
 
 
 def _store(config: StoreConfig, lean_s3: bool) -> ObjectStore:
@@ -249,37 +318,77 @@ def exit_with(owner: int) -> None:
     threading.Thread(target=watch, name="cachefs-fetcher-owner", daemon=True).start()
 
 
+class _AnswerThreads:
+    """Up to ``limit`` threads that run ``answer`` on the requests given to :meth:`submit`; a
+    thread starts only when every thread started is busy. Cheaper per request than a
+    ThreadPoolExecutor (no future, no work item): the answer goes back on the pipe anyway."""
+
+    def __init__(self, limit: int, answer: Callable[[int, FetchRequest, str | None], None]):
+        self._limit = limit
+        self._answer = answer
+        self._requests: queue.SimpleQueue[tuple[int, FetchRequest, str | None]] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a request that no submit has claimed yet
+        self._started = 0
+
+    def submit(self, request: tuple[int, FetchRequest, str | None]) -> None:
+        with self._lock:
+            start = self._idle == 0 and self._started < self._limit
+            if start:
+                self._started += 1
+            elif self._idle:
+                self._idle -= 1
+        self._requests.put(request)
+        if start:
+            threading.Thread(target=self._run, name="cachefs-fetch", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self._answer(*self._requests.get())
+            with self._lock:
+                self._idle += 1
+
+
 def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
     """A fetcher process: GETs for each request on the pipe, answers in any order."""
     exit_with(owner)
     send_lock = threading.Lock()  # an answer and its bytes go out together
+    configs: dict[int, StoreConfig] = {}
 
     def answer(number: int, request: FetchRequest, path: str | None) -> None:
         if path is not None:  # into a file: only the checksums go back
             sums, throttled = fetch_into(request, path, lean_s3=lean_s3)
+            if isinstance(sums, Failure):
+                message = _encode_failure(number, sums, throttled)
+            else:
+                message = _ANSWER.pack(number, _WRITTEN, throttled, sums[0]) + sums[1]
             with send_lock:
-                if isinstance(sums, Failure):
-                    conn.send((number, sums, throttled, None))
-                else:
-                    conn.send((number, None, throttled, sums))
+                conn.send_bytes(message)
             return
         data, throttled = fetch_range(*request, lean_s3=lean_s3)
         with send_lock:
             if isinstance(data, Failure):
-                conn.send((number, data, throttled, None))
+                conn.send_bytes(_encode_failure(number, data, throttled))
             else:  # the bytes follow
-                conn.send((number, None, throttled, None))
+                conn.send_bytes(_ANSWER.pack(number, _BYTES, throttled, 0))
                 conn.send_bytes(data)
 
-    with ThreadPoolExecutor(threads, thread_name_prefix="cachefs-fetch") as pool:
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):  # the owner is gone
-                os._exit(0)
-            if message is None:  # the owner closed the pool
-                os._exit(0)
-            pool.submit(answer, *message)
+    answers = _AnswerThreads(threads, answer)
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):  # the owner is gone
+            os._exit(0)
+        kind = message[:1]
+        if kind == _REQUEST:
+            answers.submit(_decode_request(message, configs))
+        elif kind == _CONFIG:
+            config_number, config = pickle.loads(message[1:])
+            configs[config_number] = config
+        else:  # the owner closed the pool
+            os._exit(0)
 
 
 class _Fetcher:
@@ -297,6 +406,7 @@ class _Fetcher:
         self.process.start()
         child_conn.close()
         self.pending: dict[int, Future[Any]] = {}  # Fetched or Written
+        self._config_numbers: dict[StoreConfig, int] = {}  # the configurations sent
         self.alive = True
         self._lock = threading.Lock()  # pending, alive, and one request at a time on the pipe
         self._reader = threading.Thread(
@@ -312,7 +422,11 @@ class _Fetcher:
             if not self.alive:
                 raise FetchFailed("the fetcher process has exited (or the pool was closed)")
             try:
-                self.conn.send((number, request, path))
+                config_number = self._config_numbers.get(request[0])
+                if config_number is None:
+                    config_number = self._config_numbers[request[0]] = len(self._config_numbers)
+                    self.conn.send_bytes(_CONFIG + pickle.dumps((config_number, request[0])))
+                self.conn.send_bytes(_encode_request(number, config_number, request, path))
             except OSError:  # the process is gone; its reader thread notices too
                 raise FetchFailed("the fetcher process has exited") from None
             self.pending[number] = future
@@ -321,16 +435,18 @@ class _Fetcher:
     def _read_answers(self) -> None:
         try:
             while True:
-                number, error, throttled, sums = self.conn.recv()
-                data = b"" if error is not None or sums else self.conn.recv_bytes()
+                message = self.conn.recv_bytes()
+                number, outcome, throttled, block_checksum = _ANSWER.unpack_from(message)
+                data = self.conn.recv_bytes() if outcome == _BYTES else b""
                 with self._lock:
                     future = self.pending.pop(number)
-                if error is not None:
-                    future.set_exception(error.error(throttled))
-                elif sums:
-                    future.set_result(Written(sums[0], sums[1], throttled))
+                rest = message[_ANSWER.size :]
+                if outcome == _FAILED:
+                    future.set_exception(_decode_failure(rest).error(bool(throttled)))
+                elif outcome == _WRITTEN:
+                    future.set_result(Written(block_checksum, rest, bool(throttled)))
                 else:
-                    future.set_result(Fetched(data, throttled))
+                    future.set_result(Fetched(data, bool(throttled)))
         except (EOFError, OSError):
             pass
         with self._lock:
@@ -347,7 +463,7 @@ class _Fetcher:
         with self._lock:
             self.alive = False
             try:
-                self.conn.send(None)
+                self.conn.send_bytes(_STOP)
             except OSError:
                 pass  # gone already
 

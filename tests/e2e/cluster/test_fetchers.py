@@ -72,3 +72,58 @@ def test_fetchers_and_their_forkserver_end_when_their_owner_is_killed(tmp_path):
     finally:
         owner.kill()
         owner.wait()
+
+
+#: Object names that must cross the pipe to a fetcher unchanged: non-ASCII, control characters,
+#: and a byte that is not UTF-8 (a local store names it with a surrogate escape).
+HOSTILE_NAMES = [
+    "plain.bin",
+    "ünï cödé/ファイル.bin",
+    "new\nline\tand tab.bin",
+    os.fsdecode(b"not-utf8-\xff\xfe.bin"),
+    "..%2F..%00 quoted.bin",
+]
+
+
+def test_hostile_names_and_failures_cross_the_fetcher_pipe_unchanged(tmp_path):
+    """Requests and answers cross the pipe packed, not pickled (cachefs/cluster/fetchers.py):
+    a real fetcher process reads every hostile name from a real local store, into memory and
+    into a file whose path is hostile too, byte for byte with the checksums of those bytes; a
+    fetch that fails comes back with the error's kind and message."""
+    from cachefs.cache.base import checksum, chunk_checksums
+    from cachefs.cluster.fetchers import FetcherPool, FetchFailed
+    from cachefs.store import StoreConfig, open_store
+
+    source = tmp_path / "source"
+    expected = {}
+    for number, name in enumerate(HOSTILE_NAMES):
+        path = source / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        expected[name] = f"{number}:{name!r};".encode("utf-8", "surrogateescape") * 997
+        path.write_bytes(expected[name])
+    into = tmp_path / "into \n ü"
+    into.mkdir()
+    config = StoreConfig(uri=f"file://{source}")
+    store = open_store(config)
+    pool = FetcherPool(1)
+    try:
+        for number, (name, data) in enumerate(expected.items()):
+            etag = store.head(name).etag
+            assert pool.fetch(config, name, 0, len(data), etag).data == data
+            target = into / f"{number}-{os.path.basename(name)}"
+            written = pool.start_into(config, name, 1, len(data) - 1, etag, str(target))
+            result = written.result(timeout=WAIT_S)
+            assert target.read_bytes() == data[1:]
+            assert result.checksum == checksum(data[1:])
+            assert result.chunk_checksums == chunk_checksums(data[1:])
+        missing = "gone ü \udcff.bin"
+        try:
+            pool.fetch(config, missing, 0, 1, "etag")
+        except FetchFailed as exc:
+            failure = exc
+        else:
+            raise AssertionError("fetching a missing object succeeded")
+        assert failure.kind == "ObjectNotFound"
+        assert "gone ü" in str(failure)
+    finally:
+        pool.close()
