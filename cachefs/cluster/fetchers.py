@@ -15,10 +15,11 @@ limit, cachefs/store/concurrency.py), not one per process. Requests and answers 
 over one pipe per process, tagged with a request number; a reader thread in the worker hands
 each answer to the future of its request. An answer says whether any of the request's tries
 the store answered "slow down" (the adaptive limit's signal); the checksums of a written block,
-or the bytes, follow. Messages are packed with ``struct``, not pickled: pickling a request (its
-store configuration included) and an answer cost the worker and the fetcher more CPU per block
-than the GET's signing (bench/results/store_fetch_rate). A store configuration crosses the pipe
-once, pickled, and requests name it by a number.
+or the bytes, follow. Messages are packed with ``struct``, not pickled: pickling each request
+(its store configuration included) and each answer took a fifth of the preloading thread's
+Python time and about half of a fetcher's
+(bench/results/store_fetch_rate/2026-11-28-packed-pipe.md). A store configuration crosses the
+pipe once, pickled, and requests name it by a number.
 
 S3 sources are read through S3Store, whose GETs use the lean bulk-GET client
 (:class:`cachefs.store.s3_bulk.S3BulkReader`: its own SigV4 signer over pooled keep-alive
@@ -351,6 +352,19 @@ class _AnswerThreads:
                 self._idle += 1
 
 
+def _answer(number: int, request: FetchRequest, path: str | None, lean_s3: bool) -> list[bytes]:
+    """The GET of one request, and the messages that answer it."""
+    if path is not None:  # into a file: only the checksums go back
+        sums, throttled = fetch_into(request, path, lean_s3=lean_s3)
+        if isinstance(sums, Failure):
+            return [_encode_failure(number, sums, throttled)]
+        return [_ANSWER.pack(number, _WRITTEN, throttled, sums[0]) + sums[1]]
+    data, throttled = fetch_range(*request, lean_s3=lean_s3)
+    if isinstance(data, Failure):
+        return [_encode_failure(number, data, throttled)]
+    return [_ANSWER.pack(number, _BYTES, throttled, 0), data]  # the bytes follow the head
+
+
 def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
     """A fetcher process: GETs for each request on the pipe, answers in any order."""
     exit_with(owner)
@@ -358,22 +372,13 @@ def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
     configs: dict[int, StoreConfig] = {}
 
     def answer(number: int, request: FetchRequest, path: str | None) -> None:
-        if path is not None:  # into a file: only the checksums go back
-            sums, throttled = fetch_into(request, path, lean_s3=lean_s3)
-            if isinstance(sums, Failure):
-                message = _encode_failure(number, sums, throttled)
-            else:
-                message = _ANSWER.pack(number, _WRITTEN, throttled, sums[0]) + sums[1]
-            with send_lock:
-                conn.send_bytes(message)
-            return
-        data, throttled = fetch_range(*request, lean_s3=lean_s3)
+        try:
+            messages = _answer(number, request, path, lean_s3)
+        except Exception as exc:  # a bug here must still answer: the worker waits for each one
+            messages = [_encode_failure(number, Failure.of(exc), False)]
         with send_lock:
-            if isinstance(data, Failure):
-                conn.send_bytes(_encode_failure(number, data, throttled))
-            else:  # the bytes follow
-                conn.send_bytes(_ANSWER.pack(number, _BYTES, throttled, 0))
-                conn.send_bytes(data)
+            for message in messages:
+                conn.send_bytes(message)
 
     answers = _AnswerThreads(threads, answer)
     while True:

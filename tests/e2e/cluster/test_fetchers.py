@@ -89,7 +89,9 @@ def test_hostile_names_and_failures_cross_the_fetcher_pipe_unchanged(tmp_path):
     """Requests and answers cross the pipe packed, not pickled (cachefs/cluster/fetchers.py):
     a real fetcher process reads every hostile name from a real local store, into memory and
     into a file whose path is hostile too, byte for byte with the checksums of those bytes; a
-    fetch that fails comes back with the error's kind and message."""
+    fetch that fails comes back with the error's kind and message, and so does one that raises
+    something no store raises (the fetcher's thread would otherwise die and the request wait
+    for ever)."""
     from cachefs.cache.base import checksum, chunk_checksums
     from cachefs.cluster.fetchers import FetcherPool, FetchFailed
     from cachefs.store import StoreConfig, open_store
@@ -125,5 +127,17 @@ def test_hostile_names_and_failures_cross_the_fetcher_pipe_unchanged(tmp_path):
             raise AssertionError("fetching a missing object succeeded")
         assert failure.kind == "ObjectNotFound"
         assert "gone ü" in str(failure)
+        # A request the fetcher cannot even start on (it cannot allocate the buffer) is still
+        # answered: the worker waits for every request it sent.
+        name, data = next(iter(expected.items()))
+        etag = store.head(name).etag
+        impossible = pool.start_into(config, name, 0, 1 << 62, etag, str(into / "impossible"))
+        try:
+            impossible.result(timeout=WAIT_S)
+        except FetchFailed as exc:
+            assert exc.kind == "MemoryError"
+        else:
+            raise AssertionError("an impossible fetch succeeded")
+        assert pool.fetch(config, name, 0, len(data), etag).data == data  # the fetcher lives on
     finally:
         pool.close()
