@@ -235,7 +235,11 @@ class Node(WorkerAPI):
             state_dir=config.state_dir,
             interval_s=config.heartbeat_interval_s,
         )
-        peer_server = PeerServer(self.fs.serve_peer_block, following.token)
+        peer_server = PeerServer(
+            self.fs.serve_peer_block,
+            following.token,
+            serve_cached_now=self.fs.peer_block_if_cached,
+        )
         return ClusterParts(routing, peer_server, preloader, filler, tasks, agent)
 
     async def start(self, nursery: trio.Nursery, peer_listener: socket.socket | None) -> None:

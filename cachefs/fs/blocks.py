@@ -415,6 +415,19 @@ class BlockReader:
             self.metrics.peer_served += 1
         return block
 
+    def ram_block_now(
+        self, source: DataSource, file: FileVersion, index: int, *, a_read: bool
+    ) -> CheckedBlock | OpenBlock | None:
+        """A whole block for a peer, without waiting, if it is in the RAM tier (checked inline,
+        as :meth:`_read_whole_cached` checks it), else None. ``a_read``: the request counts as
+        a read of the dataset (an owner's request; a cached-only one fills a copy)."""
+        block = self.cache.open_verified(self.block_key(source, file, index), tier="ram")
+        if block is not None:
+            if a_read:
+                self.last_read_at[source.dataset] = time.time()
+            self.metrics.peer_served += 1
+        return block
+
     async def _read_whole_cached(self, key: BlockKey) -> CheckedBlock | OpenBlock | None:
         """A whole cached block for a peer: a RAM-tier block checked inline and handed over as
         an open file to send from; another tier's read in a thread (it may wait for a disk)."""

@@ -382,6 +382,25 @@ class FileSystem:
             return data
         return await self.reader.read_owned_block(dataset.source, version, request.index)
 
+    def peer_block_if_cached(self, request: BlockRequest) -> CheckedBlock | OpenBlock | None:
+        """What :meth:`serve_peer_block` would answer, at once, when the block is in the RAM
+        tier (checked there, as it would be); None in every other case — another tier, not
+        cached, not this snapshot's file — which :meth:`serve_peer_block` then handles."""
+        dataset = self.dataset(request.dataset)
+        if dataset is None or dataset.source.block_size != request.block_size:
+            return None
+        entry = dataset.snapshot.resolve(request.key)
+        if (
+            entry is None
+            or entry.is_dir
+            or (entry.etag, entry.size) != (request.etag, request.size)
+        ):
+            return None
+        version = FileVersion(entry.key, entry.etag, entry.size)
+        return self.reader.ram_block_now(
+            dataset.source, version, request.index, a_read=not request.cached_only
+        )
+
     def release(self, fh: int) -> None:
         self._open.pop(fh, None)
 

@@ -39,12 +39,11 @@ class FrameReader:
         return data
 
 
-async def send_file(sock: trio.socket.SocketType, fd: int, count: int) -> None:
-    """Send ``count`` bytes of the file ``fd`` from offset 0 with ``os.sendfile``: the kernel
+async def send_file(sock: trio.socket.SocketType, fd: int, count: int, offset: int = 0) -> None:
+    """Send the file ``fd`` from ``offset`` to ``count`` with ``os.sendfile``: the kernel
     moves them from the page cache to the socket, never through a Python object. Raises
     ``trio.BrokenResourceError`` if the file ends first (it was truncated under us): the
     answer's head already announced ``count`` bytes, so the connection must be closed."""
-    offset = 0
     while offset < count:
         try:
             sent = os.sendfile(sock.fileno(), fd, offset, count - offset)

@@ -592,6 +592,100 @@ async def test_no_descriptor_or_connection_leaks_after_ten_thousand_transfers():
     assert len(os.listdir("/proc/self/fd")) == fds_before
 
 
+class AtHandOwner:
+    """``serve_cached_now`` over blocks at hand (each handed over as an open file of its own,
+    as the RAM tier hands them) beside a FakeOwner's ``serve_block``, which serves every
+    block (as a worker's does: it is the path for whatever is not answered inline)."""
+
+    def __init__(self, tmp_path, at_hand: dict[str, bytes], elsewhere: dict[str, bytes]):
+        self.files = {}
+        for key, data in at_hand.items():
+            path = tmp_path / f"block-{key}"
+            path.write_bytes(data)
+            self.files[key] = (str(path), chunk_checksums(data))
+        self.slow = FakeOwner({**at_hand, **elsewhere})
+        self.now: list[str] = []
+        self.handed: list[int] = []
+
+    def serve_cached_now(self, req: BlockRequest) -> OpenBlock | None:
+        if req.key.startswith("raise"):
+            raise RuntimeError("serve_cached_now failed")
+        if req.key not in self.files:
+            return None
+        self.now.append(req.key)
+        path, sums = self.files[req.key]
+        fd = os.open(path, os.O_RDONLY)
+        self.handed.append(fd)
+        size = os.fstat(fd).st_size
+        if req.key.startswith("short"):  # the owner's bug: a block shorter than asked
+            size -= 1
+        return OpenBlock(fd, size, sums)
+
+
+async def test_blocks_at_hand_are_answered_inline_byte_exact_and_the_rest_as_before(
+    tmp_path, monkeypatch
+):
+    """A server given ``serve_cached_now`` answers the blocks it has at hand from the
+    connection's reader, inline: a 32 MiB block is written as far as the socket takes it and
+    finished by a task. Under 16 concurrent readers every block arrives byte-exact, each request
+    answered once, inline or (another answer being sent) through ``serve_block``; blocks not at
+    hand, and those whose ``serve_cached_now`` raises, go through ``serve_block``; a block of
+    the wrong length is an error, never bytes; every file handed over is closed."""
+    from cachefs.peer import server as server_module
+
+    writes: list[tuple[int, int]] = []  # (bytes written inline, bytes in the answer)
+    send_without_waiting = server_module._send_without_waiting
+
+    def spy(fd, head, block):  # the real function, its outcome recorded
+        sent = send_without_waiting(fd, head, block)
+        writes.append((sent, len(head) + block.size))
+        return sent
+
+    monkeypatch.setattr(server_module, "_send_without_waiting", spy)
+    at_hand = {f"k{i}": random.randbytes(1000 + 997 * i) for i in range(40)}
+    at_hand["big"] = random.randbytes(32 << 20)
+    at_hand["short"] = random.randbytes(5000)
+    elsewhere = {f"s{i}": random.randbytes(2000 + i) for i in range(10)}
+    elsewhere["raise-1"] = random.randbytes(3000)
+    owner = AtHandOwner(tmp_path, at_hand, elsewhere)
+    everything = {**at_hand, **elsewhere}
+    wanted = [key for key in everything if key != "short"]
+    fds_before = len(os.listdir("/proc/self/fd"))
+
+    def request(key: str) -> BlockRequest:
+        return BlockRequest("ds", key, "e", len(everything[key]), 0, 32 << 20)
+
+    async with (
+        served(owner.slow.serve_block, serve_cached_now=owner.serve_cached_now) as address,
+        open_peer_client(TOKEN, timeout_s=60) as client,
+    ):
+        assert await client.get_block(address, request("big")) == at_hand["big"]
+        assert owner.now == ["big"] and not owner.slow.requests  # inline...
+        assert writes[0][0] < writes[0][1]  # ... and finished by a task
+
+        async def read(worker: int) -> None:
+            for n in range(worker, 4 * len(wanted), 16):
+                key = wanted[n % len(wanted)]
+                assert await client.get_block(address, request(key)) == everything[key]
+
+        async with trio.open_nursery() as nursery:
+            for worker in range(16):
+                nursery.start_soon(read, worker)
+        with pytest.raises(PeerError, match="wrong block length") as refused:
+            await client.get_block(address, request("short"))
+        assert not isinstance(refused.value, PeerRefused)
+    # Each request answered once, by one path or the other: inline while no other answer was
+    # being sent (the 32 MiB ones hold the connection a while), else through serve_block.
+    assert len(owner.now) + len(owner.slow.requests) == 1 + 4 * len(wanted) + 1
+    assert len(owner.now) > 2  # inline answers among the concurrent reads too
+    slow_keys = {req.key for req in owner.slow.requests}
+    assert set(elsewhere) <= slow_keys  # not at hand, or raising: the usual path
+    for fd in owner.handed:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed by the server once sent
+    assert len(os.listdir("/proc/self/fd")) <= fds_before
+
+
 OWNER_SCRIPT = """
 import socket, sys, trio
 from cachefs.cache.base import CheckedBlock
