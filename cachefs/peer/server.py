@@ -2,13 +2,15 @@
 
 The protocol (cachefs/peer/wire.py) is binary and multiplexed: after a handshake that checks the
 bearer token once, a connection carries any number of block requests at once and each answer
-names the request it answers, so every request is served in its own task and answered as soon
-as its block is ready. A cached block is checked against the chunk checksums its index recorded
-at admission and then sent straight from its file with ``os.sendfile``; the answer carries
-those checksums, so the reader checks the bytes end to end — against what this node admitted,
-whatever happened to them on its disk or on the wire. The server never sends a block of the
-wrong length. Concurrency is capped: past ``max_inflight`` blocks being served the answer is an
-immediate "overloaded" (the reader then goes to the store) instead of a queue into timeouts.
+names the request it answers, so every request is answered as soon as its block is ready: a
+RAM-tier block at once by the connection's reading task (``serve_cached_now``), anything else
+in a task of its own, so a block fetched from the store holds up no other. A cached block is
+checked against the chunk checksums its index recorded at admission and then sent straight
+from its file with ``os.sendfile``; the answer carries those checksums, so the reader checks
+the bytes end to end — against what this node admitted, whatever happened to them on its disk
+or on the wire. The server never sends a block of the wrong length. Concurrency is capped:
+past ``max_inflight`` blocks being served the answer is an immediate "overloaded" (the reader
+then goes to the store) instead of a queue into timeouts.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ class PeerServer:
         return verdict == wire.HELLO_OK
 
     async def _requests(self, stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
-        """Read requests until the reader closes; serve each in its own task."""
+        """Read requests until the reader closes; answer each inline or in a task of its own."""
         # One answer at a time on the wire: head, checksums, block. A semaphore, not a lock: an
         # answer the reader started inline is finished by another task (see _answer_now).
         send_lock = trio.Semaphore(1)
