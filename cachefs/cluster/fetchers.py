@@ -45,13 +45,11 @@ import logging
 import multiprocessing
 import os
 import pickle
-import queue
 import select
 import signal
 import struct
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -64,6 +62,7 @@ from cachefs.errors import CachefsError, StoreError
 from cachefs.store import ObjectStore, StoreConfig, open_store, parse_uri
 from cachefs.store.concurrency import PRELOAD_BOUNDS, throttled_tries
 from cachefs.store.s3 import LEAN_GETS
+from cachefs.threads import LazyThreads
 
 log = logging.getLogger(__name__)
 
@@ -319,39 +318,6 @@ def exit_with(owner: int) -> None:
     threading.Thread(target=watch, name="cachefs-fetcher-owner", daemon=True).start()
 
 
-class _AnswerThreads:
-    """Up to ``limit`` threads that run ``answer`` on the requests given to :meth:`submit`; a
-    thread starts only when every thread started is busy. Cheaper per request than a
-    ThreadPoolExecutor (no future, no work item): the answer goes back on the pipe anyway."""
-
-    def __init__(self, limit: int, answer: Callable[[int, FetchRequest, str | None], None]):
-        self._limit = limit
-        self._answer = answer
-        self._requests: queue.SimpleQueue[tuple[int, FetchRequest, str | None]] = (
-            queue.SimpleQueue()
-        )
-        self._lock = threading.Lock()
-        self._idle = 0  # threads waiting for a request that no submit has claimed yet
-        self._started = 0
-
-    def submit(self, request: tuple[int, FetchRequest, str | None]) -> None:
-        with self._lock:
-            start = self._idle == 0 and self._started < self._limit
-            if start:
-                self._started += 1
-            elif self._idle:
-                self._idle -= 1
-        self._requests.put(request)
-        if start:
-            threading.Thread(target=self._run, name="cachefs-fetch", daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            self._answer(*self._requests.get())
-            with self._lock:
-                self._idle += 1
-
-
 def _answer(number: int, request: FetchRequest, path: str | None, lean_s3: bool) -> list[bytes]:
     """The GET of one request, and the messages that answer it."""
     if path is not None:  # into a file: only the checksums go back
@@ -380,7 +346,7 @@ def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
             for message in messages:
                 conn.send_bytes(message)
 
-    answers = _AnswerThreads(threads, answer)
+    answers = LazyThreads(threads, "cachefs-fetch", answer)
     while True:
         try:
             message = conn.recv_bytes()

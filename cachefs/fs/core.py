@@ -364,6 +364,29 @@ class FileSystem:
         A plain request comes to the shard's owner: from the cache, else fetched and admitted
         here. A cached-only one comes from a node filling its copy from this one: from the
         cache, else NotCached → 404 — never the store."""
+        source, version = self._peer_file(request)
+        if request.cached_only:
+            data = await self.reader.read_cached_block(source, version, request.index)
+            if data is None:
+                raise NotCached(request.key)
+            return data
+        return await self.reader.read_owned_block(source, version, request.index)
+
+    def peer_block_if_cached(self, request: BlockRequest) -> CheckedBlock | OpenBlock | None:
+        """What :meth:`serve_peer_block` would answer, at once, when the block is in the RAM
+        tier (checked there, as it would be); None in every other case — another tier, not
+        cached, not this snapshot's file — which :meth:`serve_peer_block` then handles."""
+        try:
+            source, version = self._peer_file(request)
+        except LookupError:
+            return None
+        return self.reader.ram_block_now(
+            source, version, request.index, a_read=not request.cached_only
+        )
+
+    def _peer_file(self, request: BlockRequest) -> tuple[DataSource, FileVersion]:
+        """The source and file version a peer's request names, if they are the ones our
+        snapshot serves (same block size, etag and size); LookupError otherwise."""
         dataset = self.dataset(request.dataset)
         if dataset is None or dataset.source.block_size != request.block_size:
             raise LookupError(request.dataset)
@@ -374,32 +397,7 @@ class FileSystem:
             or (entry.etag, entry.size) != (request.etag, request.size)
         ):
             raise LookupError(request.key)
-        version = FileVersion(entry.key, entry.etag, entry.size)
-        if request.cached_only:
-            data = await self.reader.read_cached_block(dataset.source, version, request.index)
-            if data is None:
-                raise NotCached(request.key)
-            return data
-        return await self.reader.read_owned_block(dataset.source, version, request.index)
-
-    def peer_block_if_cached(self, request: BlockRequest) -> CheckedBlock | OpenBlock | None:
-        """What :meth:`serve_peer_block` would answer, at once, when the block is in the RAM
-        tier (checked there, as it would be); None in every other case — another tier, not
-        cached, not this snapshot's file — which :meth:`serve_peer_block` then handles."""
-        dataset = self.dataset(request.dataset)
-        if dataset is None or dataset.source.block_size != request.block_size:
-            return None
-        entry = dataset.snapshot.resolve(request.key)
-        if (
-            entry is None
-            or entry.is_dir
-            or (entry.etag, entry.size) != (request.etag, request.size)
-        ):
-            return None
-        version = FileVersion(entry.key, entry.etag, entry.size)
-        return self.reader.ram_block_now(
-            dataset.source, version, request.index, a_read=not request.cached_only
-        )
+        return dataset.source, FileVersion(entry.key, entry.etag, entry.size)
 
     def release(self, fh: int) -> None:
         self._open.pop(fh, None)

@@ -28,7 +28,13 @@ from cachefs.cache.base import CHUNK_CHECKSUM_LEN, CHUNK_SIZE, CheckedBlock, Ope
 from cachefs.errors import CachefsError
 from cachefs.peer import wire
 from cachefs.peer.base import BlockRequest, NotCached
-from cachefs.peer.stream import ConnectionEnded, FrameReader, send_file
+from cachefs.peer.stream import (
+    ConnectionEnded,
+    FrameReader,
+    send_file,
+    sendfile_without_waiting,
+    write_without_waiting,
+)
 
 log = logging.getLogger(__name__)
 
@@ -357,27 +363,12 @@ def _send_without_waiting(fd: int, head: bytes, block: CheckedBlock | OpenBlock)
     """Write ``head`` then the block to the non-blocking socket ``fd`` until it would block:
     the bytes written. Raises ``trio.BrokenResourceError`` if the connection broke or the
     block's file ended early (the head announced the whole block: the connection must go)."""
-    sent = 0
-    try:
-        while sent < len(head):
-            sent += os.write(fd, memoryview(head)[sent:])
-        if isinstance(block, OpenBlock):
-            while sent - len(head) < block.size:
-                offset = sent - len(head)
-                written = os.sendfile(fd, block.fd, offset, block.size - offset)
-                if written == 0:
-                    raise trio.BrokenResourceError(
-                        f"the block file ended after {offset} of {block.size} bytes"
-                    )
-                sent += written
-        else:
-            while sent - len(head) < len(block.data):
-                sent += os.write(fd, memoryview(block.data)[sent - len(head) :])
-    except BlockingIOError:
-        pass
-    except OSError as err:
-        raise trio.BrokenResourceError(f"sending an answer: {err}") from err
-    return sent
+    sent = write_without_waiting(fd, head)
+    if sent < len(head):
+        return sent
+    if isinstance(block, OpenBlock):
+        return sent + sendfile_without_waiting(fd, block.fd, 0, block.size)
+    return sent + write_without_waiting(fd, block.data)
 
 
 def _close(block: CheckedBlock | OpenBlock | bytes | None) -> None:

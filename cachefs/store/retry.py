@@ -29,6 +29,7 @@ import urllib3.exceptions
 
 from cachefs.errors import StoreError, StoreIOError, StoreThrottled, StoreUnavailable
 from cachefs.store.base import RetryPolicy
+from cachefs.threads import LazyThreads
 
 log = logging.getLogger(__name__)
 
@@ -179,84 +180,6 @@ _CLOSED = _Outcome(attempt=None)
 _NOT_BEGUN_POLL_S = 0.05
 
 
-#: One try waiting for a thread: the read, its Attempt, where its outcome goes.
-_Try = tuple[Callable[[Attempt], Any], Attempt, "queue.SimpleQueue[_Outcome]"]
-
-
-class _TryThreads:
-    """The threads that run the tries of one store's reads: a queue of tries and up to
-    ``limit`` threads that take them, started when a try finds none idle and kept after.
-
-    Lighter than a ThreadPoolExecutor, which a try used before: no Future and no done-callback
-    per try, one queue put to hand a try over (a hedged read whose try returns at once cost
-    73 us of CPU with it, 39 us now: bench/README.md, "Where a cold small file's worker CPU
-    goes"). Every try put on the queue is claimed when it is put: by
-    an idle thread, by a thread started for it, or, when ``limit`` threads are all busy, by
-    the next thread to finish (``_unclaimed``), so a try never waits while a thread idles.
-    """
-
-    def __init__(
-        self, limit: int, name: str, run: Callable[..., None], dropped: Callable[[], None]
-    ):
-        self._limit = limit
-        self._name = name
-        self._run = run  # run(read, attempt, outcomes): one try, on a thread of ours; never raises
-        self._dropped = dropped  # called once for every try close() takes off the queue
-        self._tries: queue.SimpleQueue[_Try | None] = queue.SimpleQueue()  # None: stop
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0  # threads waiting on the queue, not claimed by a try yet
-        self._unclaimed = 0  # tries queued while every thread was busy
-        self._closed = False
-
-    def submit(self, one_try: _Try) -> None:
-        """Queue a try; RuntimeError once :meth:`close` was called."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the store's read threads are closed")
-            start = None
-            if self._idle:
-                self._idle -= 1
-            elif self._threads < self._limit:
-                self._threads += 1
-                start = f"{self._name}_{self._threads}"
-            else:
-                self._unclaimed += 1
-            self._tries.put(one_try)
-        if start is not None:
-            # A daemon: a try stuck in a silent socket must not hold up the process's exit.
-            threading.Thread(target=self._serve, name=start, daemon=True).start()
-
-    def close(self) -> None:
-        """Take the tries not begun off the queue (each one ``dropped``) and let every thread
-        end once its try has ended."""
-        with self._lock:
-            self._closed = True
-            threads = self._threads
-        while True:
-            try:
-                one_try = self._tries.get_nowait()
-            except queue.Empty:
-                break
-            if one_try is not None:
-                self._dropped()
-        for _ in range(threads):
-            self._tries.put(None)
-
-    def _serve(self) -> None:
-        while True:
-            one_try = self._tries.get()
-            if one_try is None:
-                return
-            self._run(*one_try)
-            del one_try  # its result may be large: not kept while this thread idles
-            with self._lock:
-                if self._unclaimed:
-                    self._unclaimed -= 1
-                else:
-                    self._idle += 1
-
-
 class HedgedReads:
     """Runs reads as hedged tries on threads it owns (one set per store).
 
@@ -295,7 +218,7 @@ class HedgedReads:
         jitter: Callable[[], float] = random.random,
     ):
         self.policy = policy
-        self._threads = _TryThreads(threads, name, self._run, self._ended)
+        self._threads = LazyThreads(threads, name, self._run, self._ended)
         self._jitter = jitter  # for tests
         self._lock = threading.Lock()
         self._in_flight = 0

@@ -25,11 +25,11 @@ from cachefs.store.retry import (
     Attempt,
     HedgedReads,
     ShortBody,
-    _TryThreads,
     call_with_retries,
     check_body_length,
     network_failure_cause,
 )
+from cachefs.threads import LazyThreads
 from tests.waiting import WAIT_S, wait_for
 
 
@@ -449,7 +449,8 @@ def test_a_refused_connection_is_unreachable_not_a_timeout():
 
 
 class RecordingTries:
-    """What _TryThreads runs: each try records the thread that ran it and waits for ``go``."""
+    """What the store's LazyThreads (cachefs/threads.py) run: each try records the thread that
+    ran it and waits for ``go``."""
 
     def __init__(self):
         self.go = threading.Event()
@@ -471,11 +472,11 @@ class RecordingTries:
         self.dropped += 1
 
 
-def try_threads(name: str, limit: int, tries: RecordingTries) -> _TryThreads:
-    return _TryThreads(limit, name, tries.run, tries.drop)
+def try_threads(name: str, limit: int, tries: RecordingTries) -> LazyThreads:
+    return LazyThreads(limit, name, tries.run, tries.drop)
 
 
-def submit_numbered(threads: _TryThreads, numbers, outcomes: queue.SimpleQueue) -> None:
+def submit_numbered(threads: LazyThreads, numbers, outcomes: queue.SimpleQueue) -> None:
     """Submit one try per number; each answers its own number into ``outcomes``."""
     for number in numbers:
         threads.submit((lambda attempt: attempt.number, Attempt(number), outcomes))
