@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
@@ -136,7 +135,6 @@ class _ObjectRun:
 class _Answer:
     run: _ObjectRun
     reservation: Reservation
-    began: float
     future: Future[Written]
 
 
@@ -160,13 +158,11 @@ class _Inbox:
         self._lock = threading.Lock()
         self._closed = False
 
-    def deliver(
-        self, run: _ObjectRun, reservation: Reservation, began: float, future: Future[Written]
-    ) -> None:
+    def deliver(self, run: _ObjectRun, reservation: Reservation, future: Future[Written]) -> None:
         """A GET's done-callback (on a fetcher's answer thread)."""
         with self._lock:
             if not self._closed:
-                self._answers.put(_Answer(run, reservation, began, future))
+                self._answers.put(_Answer(run, reservation, future))
                 return
         self._cache.abandon(reservation)
 
@@ -235,7 +231,6 @@ class FetchPipeline:
                             return
                         if outstanding:
                             outstanding -= self._admit_ready(inbox, STOP_POLL_S)
-                    began = time.perf_counter()
                     try:
                         started = self._start(key, obj, start, length, source.config)
                     except CachefsError as exc:  # no room, the cache closed, no fetcher
@@ -245,7 +240,7 @@ class FetchPipeline:
                     outstanding += 1
                     run.outstanding += 1
                     started.future.add_done_callback(
-                        partial(inbox.deliver, run, started.reservation, began)
+                        partial(inbox.deliver, run, started.reservation)
                     )
                     outstanding -= self._admit_ready(inbox, 0.0)  # what came in meanwhile
                 run.submitted = True
@@ -316,9 +311,7 @@ class FetchPipeline:
 
     def _settle(self, answer: _Answer, error: str | None, throttled: bool) -> None:
         """One answer dealt with: its place under the limit given back, its object counted."""
-        # The latency too: past the store's own, requests queue here (threads, CPU), and the
-        # limit comes down (cachefs/store/concurrency.py).
-        self._concurrency.record(throttled=throttled, seconds=time.perf_counter() - answer.began)
+        self._concurrency.record(throttled=throttled)
         self._concurrency.release()
         run = answer.run
         run.outstanding -= 1

@@ -69,8 +69,7 @@ class Preloader:
         self._target = target
         self._membership = membership
         # GETs in flight over all of the node's jobs: adaptive, from ``concurrency`` up to
-        # ``max_concurrency`` while the store keeps up, down when it answers "slow down" or
-        # requests start to queue here.
+        # ``max_concurrency`` while the store keeps up, halved when it answers "slow down".
         self.concurrency = ThreadedConcurrency(
             ConcurrencyBounds(
                 initial=concurrency,

@@ -2,15 +2,11 @@
 
 A fixed count is wrong both ways: too few GETs in flight leave a store with tens of
 milliseconds of latency idle (each GET is mostly waiting), too many make a store that is
-throttling us answer "503 SlowDown" to more and more of them — and, when the store is fast and
-this node's CPU is what limits, only add threads that queue for the CPU (measured with the
-preload against a local store: 4 in flight 519 objects/s at 1.2 ms of worker CPU per block, 64
-in flight 272 objects/s at 3.5 ms). :class:`AdaptiveConcurrency` finds the count as TCP finds
-its window:
+throttling us answer "503 SlowDown" to more and more of them. :class:`AdaptiveConcurrency`
+finds the count as TCP Reno finds its window:
 
-- *slow start*: until the store first says "slow down" (or, below, the requests start to
-  queue), every success adds one request, so the limit doubles per round trip, up to the
-  ceiling;
+- *slow start*: until the store first says "slow down", every success adds one request, so
+  the limit doubles per round trip, up to the ceiling;
 - *additive increase*: after that, one more request per ``limit`` successes in a row (one per
   round of the current window);
 - *multiplicative decrease*: a throttling answer (:class:`~cachefs.errors.StoreThrottled`:
@@ -19,23 +15,22 @@ its window:
   answers after a cut do not cut again: they were sent before it, and one overload burst is
   one signal.
 
-A caller that also hands in each answer's latency (the preload does) gets TCP Vegas's test on
-top, once per round of ``limit`` answers: with *base* the fastest round recently seen (the
-latency of a request that waits for nothing but the store) and *now* the round's mean, about
-``limit * (1 - base / now)`` requests were waiting on this side rather than being served. More
-than :data:`QUEUED_HIGH`: the limit drops to what would keep :data:`QUEUED_LOW` waiting
-(``limit * base / now + QUEUED_LOW``, at least one less; slow start ends); fewer than
-:data:`QUEUED_LOW`: one more, as above; in between it holds. A store 20 ms away keeps a large
-limit (its requests wait for the store, not here); a store on the same machine gets a small
-one.
+Only the store's "slow down" lowers the limit, never this node's own queueing. A latency test
+(TCP Vegas: cut when answers take longer than the fastest recent round, reading the extra time
+as requests waiting here) held the preload at 5–6 in flight store-direct and 22–28 behind a
+20 ms proxy on the 2-core reference machine; at the ceiling's 64 the same preload ran 13–19 %
+and 11–57 % faster, at less CPU per block, because the fetchers and the pipeline then handle
+answers in batches (bench/results/store_fetch_rate/2026-11-29-no-vegas.md). The ceiling bounds
+the memory a preload holds in flight.
 
-The decisions depend only on the answers and the latencies handed in, never on a clock read
-here, so a run is deterministic given them (the unit tests replay runs). Two ways to apply the
-limit: :class:`AdaptiveConcurrency` applies it to a ``trio.CapacityLimiter`` (``total_tokens``
-can be changed live: borrowers above a lowered limit keep their tokens, new ones wait), so its
-methods run on the trio loop (the read path's GETs); :class:`ThreadedConcurrency` is the same
-limit for plain threads (``acquire``/``release`` around each request, every method thread-safe:
-the preload's fetch pipelines, cachefs/cluster/pipeline.py).
+The decisions depend only on the answers handed in, never on a clock, so a run is
+deterministic given them (tests/e2e/store/test_concurrency.py steps through one). Two ways to
+apply the limit: :class:`AdaptiveConcurrency` applies it to a ``trio.CapacityLimiter``
+(``total_tokens`` can be changed live: borrowers above a lowered limit keep their tokens, new
+ones wait), so its methods run on the trio loop (the read path's GETs);
+:class:`ThreadedConcurrency` is the same limit for plain threads (``acquire``/``release``
+around each request, every method thread-safe: the preload's fetch pipelines,
+cachefs/cluster/pipeline.py).
 
 Stores retry throttled tries themselves (:class:`~cachefs.store.retry.HedgedReads`) and count
 them (``throttled_tries``); a caller hands the limit the growth of that count over its
@@ -44,9 +39,7 @@ request: :func:`throttled_tries` reads it.
 
 from __future__ import annotations
 
-import math
 import threading
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,13 +49,6 @@ from cachefs.store.retry import ATTEMPT_THREADS
 
 #: What a throttling answer leaves of the limit.
 DECREASE_FACTOR = 0.5
-#: Requests waiting on this side (Vegas's estimate) below which the limit may grow ...
-QUEUED_LOW = 2.0
-#: ... and above which it shrinks.
-QUEUED_HIGH = 4.0
-#: Rounds whose fastest latency makes the base (a store that got slower for good raises it
-#: once the faster rounds have left this window).
-BASE_ROUNDS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +95,6 @@ class AdaptiveLimit:
         self._slow_start = True
         self._successes = 0  # in a row, since the last change of the limit
         self._hold = 0  # answers still to come from before the last cut: they cut no more
-        # Latency rounds (only when latencies are handed in): answers and summed seconds of
-        # the round so far, and the fastest latencies of the last rounds.
-        self._round_answers = 0
-        self._round_length = bounds.initial  # the limit when the round began
-        self._round_seconds = 0.0
-        self._round_fastest = math.inf
-        self._fastest: deque[float] = deque(maxlen=BASE_ROUNDS)
 
     @property
     def in_flight(self) -> int:
@@ -124,10 +103,9 @@ class AdaptiveLimit:
     def _applied(self, limit: int) -> None:
         """The limit changed to ``limit``: the subclass applies it."""
 
-    def record(self, *, throttled: bool, seconds: float | None = None) -> None:
+    def record(self, *, throttled: bool) -> None:
         """One request answered: ``throttled`` if the store said "slow down" to it (to any of
-        its tries); ``seconds``, if given, how long it took from the moment it had its place
-        under the limit."""
+        its tries)."""
         if throttled:
             self.throttled += 1
         holding = self._hold > 0
@@ -136,41 +114,10 @@ class AdaptiveLimit:
         if throttled and not holding:
             self._cut()
             return
-        if seconds is not None and self._end_of_round(seconds):
-            return  # the round's latency decided
         if not throttled:
             self._successes += 1
             if self._slow_start or self._successes >= self.limit:
                 self._set(self.limit + 1)
-
-    def _end_of_round(self, seconds: float) -> bool:
-        """Count one latency; at the end of a round (as many answers as the limit was when it
-        began: one window's worth), apply Vegas's test.
-        Returns whether the limit was lowered or held by it (then the answer adds nothing)."""
-        self._round_answers += 1
-        self._round_seconds += seconds
-        self._round_fastest = min(self._round_fastest, seconds)
-        if self._round_answers < self._round_length:
-            return False
-        now = self._round_seconds / self._round_answers
-        self._fastest.append(self._round_fastest)
-        self._round_answers, self._round_seconds, self._round_fastest = 0, 0.0, math.inf
-        decided = self._vegas(base=min(self._fastest), now=now)
-        self._round_length = self.limit  # the next round: one window of the limit now
-        return decided
-
-    def _vegas(self, *, base: float, now: float) -> bool:
-        if now <= 0:
-            return False
-        queued = self.limit * (1 - base / now)
-        if queued > QUEUED_HIGH:
-            self._slow_start = False
-            self._set(min(self.limit - 1, math.ceil(self.limit * base / now + QUEUED_LOW)))
-            return True
-        if queued >= QUEUED_LOW and not self._slow_start:
-            self._successes = 0  # a full window in the band: hold
-            return True
-        return False
 
     def _cut(self) -> None:
         self._slow_start = False
@@ -243,9 +190,9 @@ class ThreadedConcurrency(AdaptiveLimit):
             self._in_flight -= 1
             self._changed.notify()
 
-    def record(self, *, throttled: bool, seconds: float | None = None) -> None:
+    def record(self, *, throttled: bool) -> None:
         with self._changed:
-            super().record(throttled=throttled, seconds=seconds)
+            super().record(throttled=throttled)
 
     def _applied(self, limit: int) -> None:
         # Called under the lock, from record(): a raised limit frees places.
