@@ -157,22 +157,31 @@ class Http1Pool:
         self._lock = threading.Lock()
         self._closed = False
 
-    def get(self, path: str, headers: list[tuple[str, str]]) -> Response:
+    def get(
+        self, path: str, headers: list[tuple[str, str]], *, head_timeout: float | None = None
+    ) -> Response:
         """Send ``GET path`` with ``headers`` (Host is added) and return once the status line
-        and headers are in; the caller then reads or closes the :class:`Response`."""
+        and headers are in; the caller then reads or closes the :class:`Response`.
+        ``head_timeout``, if given, bounds the connect and every wait up to the headers
+        instead of the pool's ``timeout`` (which still bounds each wait in the body)."""
         lines = [f"GET {path} HTTP/1.1", f"Host: {self.host_header}"]
         lines += [f"{name}: {value}" for name, value in headers]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         for fresh in (False, True):
-            connection = self._take(fresh)
+            connection = self._take(fresh, head_timeout)
             try:
+                if head_timeout is not None:
+                    connection.sock.settimeout(head_timeout)
                 try:
                     connection.sock.sendall(request)
                 except (BrokenPipeError, ConnectionResetError):
                     if connection.reused:
                         raise _Stale from None
                     raise
-                return self._read_head(connection)
+                response = self._read_head(connection)
+                if head_timeout is not None:
+                    connection.sock.settimeout(self._timeout)
+                return response
             except _Stale:
                 connection.close()  # closed by the server while idle: once more, anew
             except BaseException:
@@ -194,14 +203,15 @@ class Http1Pool:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _take(self, fresh: bool) -> _Connection:
+    def _take(self, fresh: bool, connect_timeout: float | None) -> _Connection:
         if not fresh:
             with self._lock:
                 if self._idle:
                     connection = self._idle.pop()
                     connection.reused = True
                     return connection
-        sock = socket.create_connection((self.host, self.port), timeout=self._timeout)
+        timeout = self._timeout if connect_timeout is None else connect_timeout
+        sock = socket.create_connection((self.host, self.port), timeout=timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:

@@ -9,7 +9,10 @@ policy and its backoff:
 - :func:`call_with_retries` runs a call in the calling thread and retries it after failures:
   for HEAD and LIST pages, whose tries the SDK's socket timeouts bound.
 - :class:`HedgedReads` runs each try of a *read* on a thread of its own pool, so that a try
-  that stalls can be raced (hedged) and abandoned instead of eating the whole budget.
+  that stalls can be raced (hedged) and abandoned instead of eating the whole budget; a
+  client whose tries can bound their own wait for the answer's headers (the lean S3 client)
+  runs the first try on the calling thread instead, and only a try that fails goes to the
+  pool.
 
 Everything here is blocking; it runs in worker threads, never on the trio loop.
 """
@@ -23,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import urllib3.exceptions
 
@@ -138,13 +141,18 @@ class Attempt:
     Progress is kept in plain attributes, written by the try's thread and read by the caller's
     when one of its timers fires (single attribute stores are atomic in CPython): a read that
     goes well wakes its caller once, with its outcome, however many steps it took.
+
+    A try run on the calling thread (``HedgedReads(inline_first_try=True)``) has no timer
+    watching it: its ``head_timeout_s`` bounds its connect and its wait for the answer's
+    headers instead, and the function doing it must apply it.
     """
 
-    def __init__(self, number: int):
+    def __init__(self, number: int, *, head_timeout_s: float | None = None):
         self.number = number  # 1 for the first try of a read
         self.began_at: float | None = None  # when a pool thread took it up
         self.answered = False  # its first byte came
         self.abandoned = False  # it lost; the caller set this, the try's thread reads it
+        self.head_timeout_s = head_timeout_s  # None: the client's own timeouts
 
     def first_byte(self) -> None:
         self.answered = True
@@ -198,6 +206,19 @@ class HedgedReads:
     Every try of a read sends the same request (the etag precondition included), so a hedge
     can never mix bytes of two object versions.
 
+    With ``inline_first_try`` the first try runs on the calling thread, not on the pool: a
+    read that goes well then costs no hand-off between threads (on the cold read path of the
+    2-core reference machine that hand-off, two thread wake-ups and the GIL passing between
+    them, was ~10 % of the worker's CPU per file; bench/results/cold_read/2026-11-29-inline-try.md).
+    Nothing watches that try, so it bounds its own connect and wait for the answer's headers
+    by ``hedge_after_s`` (:attr:`Attempt.head_timeout_s`; the client must honour it, as
+    cachefs/store/s3_bulk.py does) and its mid-body stalls by ``attempt_timeout_s`` like any
+    try. If it fails, the read goes on as above on the pool's threads: a permanent failure
+    ends it, a transient one (a head that did not come within ``hedge_after_s`` is one) is
+    retried after the backoff. The one difference from a read whose first try ran on the
+    pool: a first try silent for ``hedge_after_s`` is cut and replaced instead of raced by a
+    twin until ``attempt_timeout_s``.
+
     How an abandoned try ends: it is a blocking SDK call on a pool thread and cannot be
     interrupted, so its own timeouts end it — the connect and read timeouts the store gives
     its SDK client (``attempt_timeout_s``) end a silent or stalled one; one whose headers come
@@ -215,9 +236,11 @@ class HedgedReads:
         *,
         name: str,
         threads: int = ATTEMPT_THREADS,
+        inline_first_try: bool = False,
         jitter: Callable[[], float] = random.random,
     ):
         self.policy = policy
+        self.inline_first_try = inline_first_try
         self._threads = LazyThreads(threads, name, self._run, self._ended)
         self._jitter = jitter  # for tests
         self._lock = threading.Lock()
@@ -270,6 +293,10 @@ class HedgedReads:
                 raise stalled("the store was closed")
             self._waiting.add(one_read.outcomes)
         try:
+            if self.inline_first_try:
+                answered, result = one_read.run_first_try_here()
+                if answered:
+                    return cast(T, result)
             return one_read.run()
         finally:
             with self._lock:
@@ -289,9 +316,15 @@ class HedgedReads:
             self._ended()
             raise
 
+    def _began_here(self) -> None:
+        """A try runs on its read's calling thread (counted in :attr:`in_flight` until
+        :meth:`_ended`)."""
+        with self._lock:
+            self._in_flight += 1
+
     def _ended(self) -> None:
-        """A try ended: it ran (:meth:`_run`), or :meth:`close` took it off the queue before
-        it began (its read was told by :meth:`close` already)."""
+        """A try ended: it ran (:meth:`_run`, or on its read's thread), or :meth:`close` took
+        it off the queue before it began (its read was told by :meth:`close` already)."""
         with self._lock:
             self._in_flight -= 1
 
@@ -339,6 +372,26 @@ class _OneRead(Generic[T]):
         self.failures = 0  # transient failures so far: the backoff's exponent
         self.last_error: StoreError | None = None
         self.launch_at: float | None = self.started  # when the next try is due; None: no plan
+
+    def run_first_try_here(self) -> tuple[bool, T | None]:
+        """The first try, on this (the calling) thread, its wait for the answer's headers
+        bounded by ``hedge_after_s``: ``(True, result)`` if it succeeded. Else its failure is
+        dealt with as any try's (:meth:`_failed`: a permanent one raised, a transient one
+        retried after the backoff), and ``(False, None)``: :meth:`run` goes on from there."""
+        self.tries = 1
+        self.launch_at = None
+        attempt = Attempt(1, head_timeout_s=self.policy.hedge_after_s)
+        attempt.began_at = time.monotonic()
+        self.live.append(attempt)
+        self.reads._began_here()
+        try:
+            result = self.read(attempt)
+        except BaseException as exc:
+            self._failed(attempt, exc)
+            return False, None
+        finally:
+            self.reads._ended()
+        return True, result
 
     def run(self) -> T:
         try:

@@ -114,7 +114,9 @@ class S3BulkReader(S3Calls):
             tls=probe.tls,
             max_idle=ATTEMPT_THREADS,  # one connection per thread that may run a try
         )
-        self._reads = HedgedReads(self._retry, name="cachefs-s3-bulk")
+        # The first try of each read on the reading thread: its head wait is bounded by the pool's
+        # head_timeout (Attempt.head_timeout_s), see HedgedReads.
+        self._reads = HedgedReads(self._retry, name="cachefs-s3-bulk", inline_first_try=True)
 
     def get_range(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
         """Exactly ``length`` bytes of ``key`` from ``offset``, as
@@ -164,7 +166,7 @@ class S3BulkReader(S3Calls):
             token=credentials.token,
         )
         # The headers first: a lost try stops before the body.
-        response = self._pool.get(path, headers + signature)
+        response = self._pool.get(path, headers + signature, head_timeout=attempt.head_timeout_s)
         attempt.first_byte()
         complete = False
         try:

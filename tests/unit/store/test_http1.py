@@ -6,15 +6,19 @@ HTTP, and TLS with a certificate made for the test (openssl). The S3 side of the
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from cachefs.store.http1 import BodyCutShort, Http1Pool, MalformedAnswer
+from tests.waiting import WAIT_S
 
 #: One answer: given the request's head, what to send, and whether to close afterwards.
 Answer = Callable[[bytes], tuple[bytes, bool]]
@@ -28,6 +32,7 @@ class ScriptedServer:
         self.answers = answers
         self.requests: list[bytes] = []
         self.connections = 0
+        self._sockets: list[socket.socket] = []  # of the connections, in order
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._tls = tls
@@ -47,6 +52,7 @@ class ScriptedServer:
         try:
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_side=True)
+            self._sockets.append(sock)
             buffered = b""
             while True:
                 while b"\r\n\r\n" not in buffered:
@@ -65,6 +71,10 @@ class ScriptedServer:
             return
         finally:
             sock.close()
+
+    def send_to_last(self, data: bytes) -> None:
+        """More bytes on the newest connection, after its scripted answer."""
+        self._sockets[-1].sendall(data)
 
     def close(self) -> None:
         self._listener.close()
@@ -208,6 +218,45 @@ def test_a_server_that_stalls_costs_the_timeout_and_a_refused_port_is_an_oserror
     free.close()
     with pytest.raises(ConnectionRefusedError):
         Http1Pool(f"http://127.0.0.1:{port}", timeout=5).get("/x", [])
+
+
+def test_a_head_timeout_bounds_the_wait_for_the_headers_but_not_the_body():
+    """``head_timeout`` cuts a request whose headers do not come, where the pool's own
+    timeout (an hour here) would wait on; once the headers are in, the body's waits are the
+    pool's again, so a body that pauses for longer than the head timeout still arrives."""
+    stalled = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    try:
+        pool = Http1Pool(f"http://127.0.0.1:{stalled.getsockname()[1]}", timeout=3600)
+        outcome: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+
+        def get() -> None:
+            try:
+                pool.get("/x", [], head_timeout=0.5)
+                outcome.put(None)
+            except BaseException as exc:
+                outcome.put(exc)
+
+        threading.Thread(target=get, daemon=True).start()
+        assert isinstance(outcome.get(timeout=WAIT_S), TimeoutError)
+    finally:
+        stalled.close()
+
+    def headers_then_pause(_head: bytes) -> tuple[bytes, bool]:
+        return b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", False
+
+    server = ScriptedServer([headers_then_pause])
+    pool = Http1Pool(f"http://127.0.0.1:{server.port}", timeout=WAIT_S)
+    try:
+        response = pool.get("/x", [], head_timeout=2.0)
+        assert response.status == 200
+        with ThreadPoolExecutor(1) as thread:
+            body = thread.submit(response.read)
+            time.sleep(3.0)  # longer than the head timeout: the body's wait must outlast it
+            server.send_to_last(b"hello")
+            assert body.result(timeout=WAIT_S) == b"hello"
+    finally:
+        pool.close()
+        server.close()
 
 
 def test_origins_it_cannot_serve_are_refused():

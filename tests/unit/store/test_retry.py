@@ -206,9 +206,11 @@ def hedged():
     """A factory of HedgedReads (closed after the test) with quick backoffs."""
     made: list[HedgedReads] = []
 
-    def make(**policy) -> HedgedReads:
+    def make(*, inline_first_try: bool = False, **policy) -> HedgedReads:
         policy = {"base_delay_s": 0.01, "max_delay_s": 0.05, **policy}
-        reads = HedgedReads(RetryPolicy(**policy), name="test-read")
+        reads = HedgedReads(
+            RetryPolicy(**policy), name="test-read", inline_first_try=inline_first_try
+        )
         made.append(reads)
         return reads
 
@@ -240,6 +242,63 @@ def test_a_silent_try_gets_a_hedge_and_the_first_answer_wins(hedged):
     assert call(reads, tries) == b"answer"
     wait_until_ended(reads)
     assert tries.began[:2] == [1, 2] and tries.abandoned == [1]
+
+
+def test_an_inline_first_try_runs_on_the_calling_thread_its_head_wait_bounded(hedged):
+    reads = hedged(inline_first_try=True, first_byte_timeout_s=4.0, deadline_s=WAIT_S)
+    seen = []
+
+    def script(number, attempt):
+        seen.append((threading.get_ident(), attempt.head_timeout_s))
+        attempt.first_byte()
+        return b"answer"
+
+    tries = ScriptedTries(script)
+    assert call(reads, tries) == b"answer"
+    assert tries.began == [1]
+    assert seen == [(threading.get_ident(), reads.policy.hedge_after_s)]  # 2.0: half of 4
+    assert reads.in_flight == 0
+
+
+def test_an_inline_first_try_that_fails_is_retried_on_the_pool(hedged):
+    """A transient failure of the first try (a head that did not come within its bound is
+    reported as one) sends the read to the pool's threads, where the next try answers."""
+    reads = hedged(inline_first_try=True, deadline_s=WAIT_S)
+    seen = {}
+
+    def script(number, attempt):
+        seen[number] = (threading.get_ident(), attempt.head_timeout_s)
+        if number == 1:
+            raise stalled("the store did not answer in time")
+        attempt.first_byte()
+        return number
+
+    tries = ScriptedTries(script)
+    assert call(reads, tries) == 2
+    caller = threading.get_ident()
+    assert seen[1] == (caller, reads.policy.hedge_after_s)
+    assert seen[2][0] != caller and seen[2][1] is None  # a pool thread, watched by the caller
+    wait_until_ended(reads)
+
+
+def test_a_permanent_failure_or_a_bug_in_an_inline_first_try_ends_the_read(hedged):
+    reads = hedged(inline_first_try=True, deadline_s=WAIT_S)
+
+    def gone(number, attempt):
+        raise ObjectNotFound("no such key", dataset="ds", key="k", store="s3://b/")
+
+    tries = ScriptedTries(gone)
+    with pytest.raises(ObjectNotFound):
+        call(reads, tries)
+    assert tries.began == [1] and reads.in_flight == 0
+
+    def bug(number, attempt):
+        raise ZeroDivisionError("a bug")
+
+    tries = ScriptedTries(bug)
+    with pytest.raises(ZeroDivisionError):
+        call(reads, tries)
+    assert tries.began == [1] and reads.in_flight == 0
 
 
 def test_a_try_that_answered_is_not_hedged_however_slow_its_body(hedged):
