@@ -207,9 +207,10 @@ class HedgedReads:
     can never mix bytes of two object versions.
 
     With ``inline_first_try`` the first try runs on the calling thread, not on the pool: a
-    read that goes well then costs no hand-off between threads (on the cold read path of the
-    2-core reference machine that hand-off, two thread wake-ups and the GIL passing between
-    them, was ~10 % of the worker's CPU per file; bench/results/cold_read/2026-11-29-inline-try.md).
+    read that goes well then costs no hand-off between threads (two wake-ups, and the GIL
+    passed between them). With 16 threads reading 110 KB objects from a store on the same
+    2-core machine, that hand-off was half of the lean client's CPU per GET
+    (bench/results/store_fetch_rate/2026-11-29-inline-try.md).
     Nothing watches that try, so it bounds its own connect and wait for the answer's headers
     by ``hedge_after_s`` (:attr:`Attempt.head_timeout_s`; the client must honour it, as
     cachefs/store/s3_bulk.py does) and its mid-body stalls by ``attempt_timeout_s`` like any
