@@ -40,8 +40,8 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the
+        return False  # open and the read (ESRCH): both mean it ended
 
 
 def test_fetchers_and_their_forkserver_end_when_their_owner_is_killed(tmp_path):
