@@ -36,7 +36,7 @@ from cachefs.peer.base import (
     PeerRefused,
     PeerUnavailable,
 )
-from cachefs.peer.stream import ConnectionEnded, FrameReader
+from cachefs.peer.stream import ConnectionEnded, FrameReader, write_without_waiting
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,14 @@ class _Connection:
             self._pending[request_id] = slots[-1]
         frames = b"".join(wire.encode_request(slot.request_id, slot.request) for slot in slots)
         try:
+            if not self._send_lock.locked():
+                # Nothing else is being sent: write now, without the lock's and the socket's
+                # trips through trio's scheduler; only what the socket does not take at once
+                # is sent under the lock (a request is a few dozen bytes: that is rare).
+                written = write_without_waiting(self._stream.socket.fileno(), frames)
+                if written == len(frames):
+                    return slots
+                frames = frames[written:]
             async with self._send_lock:
                 await self._stream.send_all(frames)
         except BaseException as err:  # a half-written frame would garble every later one

@@ -1,13 +1,17 @@
 """The peer protocol's socket plumbing on real sockets: exact reads across every way the bytes
-can arrive, a cancelled read, a connection closed mid-frame, and a block sent from its file."""
+can arrive, a cancelled read, a connection closed mid-frame, a frame larger than the buffer, a
+reader that is never made to wait, and a block sent from its file."""
 
 from __future__ import annotations
 
 import os
 import random
+import socket
 
+import pytest
 import trio
 
+from cachefs.peer import stream
 from cachefs.peer.stream import ConnectionEnded, FrameReader, send_file
 
 
@@ -56,6 +60,82 @@ async def test_a_cancelled_read_loses_nothing():
     assert await reader.exactly(2) == b"gh"
     reader_sock.close()
     writer_sock.close()
+
+
+async def test_a_frame_larger_than_the_buffer_arrives_whole_and_the_buffer_is_given_back():
+    """A 6 MiB frame (the buffer grows for it) between two small ones, all exact; once it has
+    been read the reader no longer holds a buffer of its size."""
+    rng = random.Random(9)
+    frames = [b"head", rng.randbytes(6 << 20), b"tail"]
+    reader_sock, writer_sock = trio.socket.socketpair()
+    reader = FrameReader(reader_sock)
+    received = []
+
+    async def write() -> None:
+        for frame in frames:
+            view = memoryview(frame)
+            while view:
+                view = view[await writer_sock.send(view) :]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write)
+        for frame in frames:
+            received.append(await reader.exactly(len(frame)))
+    assert received == frames
+    assert reader.buffer_size <= stream.KEPT_BUFFER_SIZE
+    reader_sock.close()
+    writer_sock.close()
+
+
+async def test_a_reader_never_made_to_wait_still_lets_other_tasks_run(monkeypatch):
+    """Bytes that trickle in one at a time, each already there when asked for (the socket
+    never says "would block"): the reader still yields to the other tasks every
+    READS_BETWEEN_CHECKPOINTS reads, so a busy connection cannot starve the node."""
+    real_readv = os.readv
+    monkeypatch.setattr(stream.os, "readv", lambda fd, buffers: real_readv(fd, [buffers[0][:1]]))
+    reader_sock, writer_sock = trio.socket.socketpair()
+    payload = bytes(range(200))
+    await writer_sock.send(payload)
+    reader = FrameReader(reader_sock)
+    other_task_ran = 0
+
+    async def other_task() -> None:
+        nonlocal other_task_ran
+        while True:
+            other_task_ran += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        await trio.lowlevel.checkpoint()  # let it start
+        started = other_task_ran
+        assert await reader.exactly(len(payload)) == payload
+        ran_meanwhile = other_task_ran - started
+        nursery.cancel_scope.cancel()
+    assert ran_meanwhile >= len(payload) // stream.READS_BETWEEN_CHECKPOINTS - 1
+    reader_sock.close()
+    writer_sock.close()
+
+
+async def test_a_closed_socket_is_an_error_never_the_bytes_of_the_file_that_took_its_number():
+    """A connection closed under its reader (a peer marked down) makes the next read fail,
+    even once the process has given the socket's descriptor number to another socket with
+    bytes waiting: the reader never reads a descriptor it no longer owns."""
+    reader_sock, writer_sock = trio.socket.socketpair()
+    reader = FrameReader(reader_sock)
+    number = reader_sock.fileno()
+    reader_sock.close()
+    other, other_writer = socket.socketpair()  # the lowest free numbers: the closed one first
+    try:
+        assert number in (other.fileno(), other_writer.fileno())
+        other_writer.send(b"other")
+        other.send(b"other")
+        with pytest.raises(OSError):
+            await reader.exactly(5)
+    finally:
+        other.close()
+        other_writer.close()
+        writer_sock.close()
 
 
 async def test_a_closed_connection_mid_frame_says_how_much_arrived():
