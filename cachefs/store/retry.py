@@ -149,7 +149,7 @@ class Attempt:
 
     def __init__(self, number: int, *, head_timeout_s: float | None = None):
         self.number = number  # 1 for the first try of a read
-        self.began_at: float | None = None  # when a pool thread took it up
+        self.began_at: float | None = None  # when it began: on a pool thread, or inline
         self.answered = False  # its first byte came
         self.abandoned = False  # it lost; the caller set this, the try's thread reads it
         self.head_timeout_s = head_timeout_s  # None: the client's own timeouts
@@ -309,17 +309,16 @@ class HedgedReads:
         attempt: Attempt,
         outcomes: queue.SimpleQueue[_Outcome],
     ) -> None:
-        with self._lock:
-            self._in_flight += 1
+        self._now_in_flight()  # before it is queued: a pool thread may end it at once
         try:
             self._threads.submit((read, attempt, outcomes))
         except RuntimeError:  # closed: the store was closed
             self._ended()
             raise
 
-    def _began_here(self) -> None:
-        """A try runs on its read's calling thread (counted in :attr:`in_flight` until
-        :meth:`_ended`)."""
+    def _now_in_flight(self) -> None:
+        """A try is under way, on a pool thread or on its read's calling thread (counted in
+        :attr:`in_flight` until :meth:`_ended`)."""
         with self._lock:
             self._in_flight += 1
 
@@ -384,7 +383,7 @@ class _OneRead(Generic[T]):
         attempt = Attempt(1, head_timeout_s=self.policy.hedge_after_s)
         attempt.began_at = time.monotonic()
         self.live.append(attempt)
-        self.reads._began_here()
+        self.reads._now_in_flight()
         try:
             result = self.read(attempt)
         except BaseException as exc:
