@@ -350,6 +350,12 @@ class _WorkerCollector(Collector):
             "Requests the FUSE session loop took from /dev/fuse",
             value=native.get("batched", 0),
         )
+        yield CounterMetricFamily(
+            "cachefs_fuse_loop_unwaited_requests",
+            "Requests a FUSE session task read at once, already queued, without waiting for "
+            "/dev/fuse through trio",
+            value=native.get("unwaited", 0),
+        )
         yield from self._extra()
 
 

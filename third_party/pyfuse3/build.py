@@ -21,11 +21,13 @@ lowers the largest READ to what the splice pipes hold where they hold less than 
 CAP_SYS_RESOURCE): a large file's READs are then spliced like a small file's. The
 session loop then takes the next requests from /dev/fuse (waiting up to 100 µs for each, without
 the GIL, 128 at most) without going back to trio for each, as long as they are answered that
-way. And ``pyfuse3.cache_listings(True)`` makes OPENDIR replies let the kernel keep directory
-listings (FOPEN_CACHE_DIR) until the directory's inode is invalidated: a warm ``ls -lR`` or
-``find`` then stays in the kernel; a cold one (dentries dropped) is answered in C from the
-listings cachefs registers (``pyfuse3.fast_listing_*``) when the binding asks, before an
-OPENDIR or READDIRPLUS would go to Python.
+way; and a session task back from a Python handler reads a request already queued at once
+(poll, then read) instead of taking the read lock and waiting for the fd through trio, at
+most 16 times in a row. And ``pyfuse3.cache_listings(True)`` makes OPENDIR replies let the
+kernel keep directory listings (FOPEN_CACHE_DIR) until the directory's inode is invalidated:
+a warm ``ls -lR`` or ``find`` then stays in the kernel; a cold one (dentries dropped) is
+answered in C from the listings cachefs registers (``pyfuse3.fast_listing_*``) when the
+binding asks, before an OPENDIR or READDIRPLUS would go to Python.
 With ``pyfuse3.fast_passthrough(True)`` before the mount, FUSE_INIT also asks
 the kernel for FUSE passthrough (Linux >= 6.9; libfuse 3.14 cannot, so its INIT reply is
 captured and extended: see "passthrough" in ``cachefs_fast_read.c``); granted, OPEN and RELEASE
@@ -107,12 +109,35 @@ PATCHES = [
         "            batch += 1\n"
         "            fuse_session_process_buf(session, &buf)\n"
         "        cfr_count_batch(batch)\n"
-        "        if py_retval is not None:\n            await py_retval\n",
+        "        # cachefs: whether this request went to a Python handler (see unwaited below).\n"
+        "        after_python = py_retval is not None\n"
+        "        if after_python:\n            await py_retval\n",
     ),
     (
         "src/pyfuse3/internal.pxi",
         "    cdef int res\n    cdef fuse_buf buf\n",
-        "    cdef int res\n    cdef int batch\n    cdef fuse_buf buf\n",
+        "    cdef int res\n    cdef int batch\n    cdef int unwaited = 0\n"
+        "    cdef bint after_python = False\n    cdef fuse_buf buf\n",
+    ),
+    (
+        "src/pyfuse3/internal.pxi",
+        "        if not await _wait_fuse_readable():\n            break\n",
+        "        # cachefs: after a request that went to Python, a request already waiting\n"
+        "        # is read at once, without the read lock and the trip through trio's\n"
+        "        # scheduler that waiting for the fd costs (~20 us); at most UNWAITED_IN_A_ROW\n"
+        "        # times in a row, so a stream of requests still lets other tasks run. (After\n"
+        "        # requests answered in C the loop waits as before: FAST_BATCH bounds those.)\n"
+        "        # Every read is preceded by a poll, with nothing run between: /dev/fuse is a\n"
+        "        # blocking fd, and another task may have taken the request a wait was woken\n"
+        "        # for.\n"
+        "        if (after_python and unwaited < UNWAITED_IN_A_ROW\n"
+        "                and cfr_fd_readable(session_fd, 0)):\n"
+        "            unwaited += 1\n"
+        "            cfr_count_unwaited()\n"
+        "        else:\n"
+        "            unwaited = 0\n"
+        "            if not await _wait_fuse_readable():\n                break\n"
+        "            if not cfr_fd_readable(session_fd, 0):\n                continue\n",
     ),
     (
         "src/pyfuse3/handlers.pxi",

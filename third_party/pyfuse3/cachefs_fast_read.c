@@ -863,6 +863,12 @@ void cfr_count_batch(int requests) {
     pthread_mutex_unlock(&lock);
 }
 
+void cfr_count_unwaited(void) {
+    pthread_mutex_lock(&lock);
+    stats.unwaited++;
+    pthread_mutex_unlock(&lock);
+}
+
 int cfr_fd_readable(int fd, int wait_us) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     struct timespec wait = {.tv_sec = 0, .tv_nsec = (long)wait_us * 1000};

@@ -37,6 +37,7 @@ typedef struct {
     uint64_t open_files;   /* block files held open now (at most a bounded number) */
     uint64_t batches;      /* times the session loop went back to trio after a request */
     uint64_t batched;      /* requests it took from /dev/fuse before those returns */
+    uint64_t unwaited;     /* requests a session task read without waiting through trio */
     uint64_t readdirs;     /* READDIRPLUS requests answered here */
     uint64_t opendirs;     /* OPENDIRs answered here */
     uint64_t listings;     /* directory listings in the listing table now */
@@ -118,5 +119,6 @@ int cfr_try_release(fuse_req_t req, fuse_ino_t ino);
 int cfr_fd_readable(int fd, int wait_us);
 /* Count one return of the session loop to trio, after `requests` requests. */
 void cfr_count_batch(int requests);
+void cfr_count_unwaited(void);
 
 #endif

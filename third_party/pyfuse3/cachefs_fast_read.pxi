@@ -25,6 +25,7 @@ cdef extern from "cachefs_fast_read.h":
         uint64_t open_files
         uint64_t batches
         uint64_t batched
+        uint64_t unwaited
         uint64_t readdirs
         uint64_t opendirs
         uint64_t listings
@@ -52,6 +53,7 @@ cdef extern from "cachefs_fast_read.h":
     int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off)
     int cfr_fd_readable(int fd, int wait_us) nogil
     void cfr_count_batch(int requests)
+    void cfr_count_unwaited()
     int cfr_register_listing(uint64_t dir, const unsigned char *packed, size_t len,
                              uint64_t count)
     void cfr_configure_listings(uint64_t max_bytes, double entry_timeout, double attr_timeout)
@@ -77,6 +79,9 @@ cdef int FAST_BATCH = 128
 #: readers: ~20 READs per return to trio). A batch holds the trio loop for its waits, at most
 #: FAST_BATCH * FAST_WAIT_US (12.8 ms), plus its reads: ~100 us per 1 MiB READ.
 cdef int FAST_WAIT_US = 100
+#: Requests a session task reads in a row without waiting for /dev/fuse (one already queued
+#: each time) before it waits through trio again, letting other tasks run.
+cdef int UNWAITED_IN_A_ROW = 16
 
 
 cdef inline int fast_request_waiting(int fd) noexcept:
@@ -168,7 +173,7 @@ def fast_read_stats():
         'blocks': s.blocks, 'files': s.files, 'registered': s.registered,
         'refused': s.refused, 'limit_drops': s.limit_drops,
         'lookups': s.lookups, 'dentries': s.dentries, 'open_files': s.open_files,
-        'batches': s.batches, 'batched': s.batched,
+        'batches': s.batches, 'batched': s.batched, 'unwaited': s.unwaited,
         'readdirs': s.readdirs, 'opendirs': s.opendirs, 'listings': s.listings,
         'listing_bytes': s.listing_bytes,
         'passthrough': s.passthrough, 'pt_opens': s.pt_opens,
