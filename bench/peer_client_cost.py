@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
         owner.join()
     results = {
         "benchmark": "peer_client_cost",
-        "command": " ".join([os.path.basename(sys.executable), "-m", "bench.peer_client_cost"])
-        + (" " + " ".join(sys.argv[1:]) if argv is None and len(sys.argv) > 1 else ""),
+        "command": "python -m bench.peer_client_cost "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": f"{os.cpu_count()} cores, {platform.platform()}, Python "
         f"{platform.python_version()}",
         "concurrency": args.concurrency,

@@ -119,6 +119,7 @@ int cfr_try_release(fuse_req_t req, fuse_ino_t ino);
 int cfr_fd_readable(int fd, int wait_us);
 /* Count one return of the session loop to trio, after `requests` requests. */
 void cfr_count_batch(int requests);
+/* Count one request a session task read at once, without waiting through trio. */
 void cfr_count_unwaited(void);
 
 #endif

@@ -79,8 +79,9 @@ cdef int FAST_BATCH = 128
 #: readers: ~20 READs per return to trio). A batch holds the trio loop for its waits, at most
 #: FAST_BATCH * FAST_WAIT_US (12.8 ms), plus its reads: ~100 us per 1 MiB READ.
 cdef int FAST_WAIT_US = 100
-#: Requests a session task reads in a row without waiting for /dev/fuse (one already queued
-#: each time) before it waits through trio again, letting other tasks run.
+#: Requests a session task back from a Python handler reads in a row without waiting for
+#: /dev/fuse (one already queued each time) before it waits through trio again, letting other
+#: tasks run.
 cdef int UNWAITED_IN_A_ROW = 16
 
 

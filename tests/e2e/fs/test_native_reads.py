@@ -143,9 +143,9 @@ def test_reads_of_every_size_are_byte_exact_and_answered_in_c(tmp_path, fast_rea
 @pytest.mark.skipif(not FAST_READ_SUPPORTED, reason="stock pyfuse3: no session loop patch")
 def test_requests_already_queued_are_read_without_a_wait_and_every_byte_is_right(tmp_path):
     """16 readers read 240 files cold (every READ in Python, each fetched from the source):
-    while a session task is busy, requests queue on /dev/fuse, and the next task back at the
-    loop reads one at once instead of waiting through trio (a poll first: /dev/fuse is a
-    blocking fd). Every byte is the source's, no read fails or hangs, and the status and the
+    while a session task is busy, requests queue on /dev/fuse, and a task back from its
+    Python handler reads one at once instead of waiting through trio (a poll first: /dev/fuse
+    is a blocking fd). Every byte is the source's, no read fails or hangs, and the status and the
     metrics count the requests read that way."""
     rng = random.Random(1618)
     files = {f"d/{i}.bin": rng.randbytes(rng.randint(1, 150_000)) for i in range(240)}
