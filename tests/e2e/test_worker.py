@@ -1,11 +1,14 @@
 """Worker process settings that the kernel holds: readahead of the mount (applied after FUSE
-INIT, which would otherwise reset it to 128 KiB) and the clean unmount on SIGTERM."""
+INIT, which would otherwise reset it to 128 KiB), the clean unmount on SIGTERM, and the worker
+stopping when its mount is unmounted from outside."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
+from tests.waiting import WAIT_S
 from tests.worker_process import WorkerProcess
 
 
@@ -48,6 +51,30 @@ def test_sigterm_unmounts_cleanly_and_keeps_state(tmp_path):
         with open(worker.path("d", "f"), "rb") as f:
             assert f.read() == b"kept"
         assert worker.status()["reads"]["misses"] == 0  # served from the kept RAM tier
+    finally:
+        worker.cleanup()
+
+
+def test_an_unmount_from_outside_stops_the_worker_after_reads_served_in_python(tmp_path):
+    """`umount` of the mount by someone else ends the FUSE session, and with it the worker
+    (exit status 0, nothing left mounted), also after READs that went to Python, after which a
+    session task polls /dev/fuse before it reads: an ended connection must count as ready
+    there, or the task waits and polls for ever (a patched loop once did, at 100 % CPU)."""
+    source = tmp_path / "src"
+    source.mkdir()
+    files = {f"f{i}": os.urandom(50_000) for i in range(20)}
+    for name, data in files.items():
+        (source / name).write_bytes(data)
+    worker = WorkerProcess(str(tmp_path / "w")).start()
+    try:
+        worker.add_dataset("d", f"file://{source}")
+        for name, data in files.items():  # cold: every READ served in Python
+            with open(worker.path("d", name), "rb") as f:
+                assert f.read() == data
+        subprocess.run(["umount", worker.mount], check=True)
+        assert worker.proc.wait(timeout=WAIT_S) == 0
+        assert not os.path.ismount(worker.mount)
+        worker.proc = None
     finally:
         worker.cleanup()
 

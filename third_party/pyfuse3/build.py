@@ -129,15 +129,17 @@ PATCHES = [
         "        # requests answered in C the loop waits as before: FAST_BATCH bounds those.)\n"
         "        # Every read is preceded by a poll, with nothing run between: /dev/fuse is a\n"
         "        # blocking fd, and another task may have taken the request a wait was woken\n"
-        "        # for.\n"
+        "        # for. The poll counts an ended connection as ready: the read then returns\n"
+        "        # ENODEV and libfuse ends the session (else the task would wait and poll for\n"
+        "        # ever).\n"
         "        if (after_python and unwaited < UNWAITED_IN_A_ROW\n"
-        "                and cfr_fd_readable(session_fd, 0)):\n"
+        "                and cfr_fd_ready(session_fd)):\n"
         "            unwaited += 1\n"
         "            cfr_count_unwaited()\n"
         "        else:\n"
         "            unwaited = 0\n"
         "            if not await _wait_fuse_readable():\n                break\n"
-        "            if not cfr_fd_readable(session_fd, 0):\n                continue\n",
+        "            if not cfr_fd_ready(session_fd):\n                continue\n",
     ),
     (
         "src/pyfuse3/handlers.pxi",

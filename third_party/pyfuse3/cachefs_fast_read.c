@@ -869,6 +869,14 @@ void cfr_count_unwaited(void) {
     pthread_mutex_unlock(&lock);
 }
 
+int cfr_fd_ready(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    struct timespec none = {.tv_sec = 0, .tv_nsec = 0};
+    /* Any event: a request (POLLIN), or an error or hangup (the connection was aborted or
+       unmounted), on which a read returns at once too (ENODEV: libfuse ends the session). */
+    return ppoll(&p, 1, &none, NULL) == 1;
+}
+
 int cfr_fd_readable(int fd, int wait_us) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     struct timespec wait = {.tv_sec = 0, .tv_nsec = (long)wait_us * 1000};

@@ -117,6 +117,8 @@ int cfr_try_release(fuse_req_t req, fuse_ino_t ino);
 
 /* 1 if `fd` has data to read within `wait_us` microseconds (0: right now). */
 int cfr_fd_readable(int fd, int wait_us);
+/* Whether a read of fd would return now: a request is queued, or the connection ended. */
+int cfr_fd_ready(int fd);
 /* Count one return of the session loop to trio, after `requests` requests. */
 void cfr_count_batch(int requests);
 /* Count one request a session task read at once, without waiting through trio. */

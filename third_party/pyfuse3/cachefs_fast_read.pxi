@@ -52,6 +52,7 @@ cdef extern from "cachefs_fast_read.h":
     void cfr_get_stats(cfr_stats_t *out)
     int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off)
     int cfr_fd_readable(int fd, int wait_us) nogil
+    int cfr_fd_ready(int fd)
     void cfr_count_batch(int requests)
     void cfr_count_unwaited()
     int cfr_register_listing(uint64_t dir, const unsigned char *packed, size_t len,
