@@ -9,7 +9,6 @@ killed or stopped mid-transfer.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import re
@@ -184,37 +183,22 @@ async def test_many_requests_in_flight_share_one_connection_and_answer_out_of_or
 async def test_requests_sent_while_the_socket_is_full_arrive_whole_and_each_is_answered():
     """A request is written at once when nothing else is being sent; what a full socket does
     not take is sent under the connection's lock, after which later requests queue. Here the
-    owner reads nothing until the client's socket is full and requests queue behind the lock
-    (64 KiB keys); more requests are asked while those are sent. Every frame reaches the owner
-    whole and in one piece, and every reader gets its own block, byte for byte."""
+    owner reads nothing after the first request until the client's socket is full and
+    requests queue behind the lock (64 KiB keys); more requests are asked while those are
+    sent. Every frame reaches the owner whole and in one piece, and every reader gets its own
+    block, byte for byte."""
     keys = [f"{i:03d}-" + "k" * (60_000 + i) for i in range(48)]
     blocks = {key: random.randbytes(4096 + i) for i, key in enumerate(keys)}
     may_read = trio.Event()
     seen: list[str] = []
 
     async def respond(request_id: int, request: BlockRequest) -> bytes:
+        await may_read.wait()  # holding the first request: nothing more is read till then
         seen.append(request.key)
         return good_answer(request_id, blocks[request.key])
 
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-
-    async def handle(stream: trio.SocketStream) -> None:
-        reader = FrameReader(stream.socket)
-        _, _, token_len = wire.HELLO.unpack(await reader.exactly(wire.HELLO.size))
-        await reader.exactly(token_len)
-        await stream.send_all(wire.WELCOME.pack(wire.MAGIC, wire.VERSION, 0))
-        await may_read.wait()
-        with contextlib.suppress(trio.BrokenResourceError, ConnectionEnded):
-            while True:
-                head = await reader.exactly(wire.REQUEST.size)
-                names = await reader.exactly(wire.request_names_length(head))
-                request_id, request = wire.decode_request(head, names)
-                await stream.send_all(await respond(request_id, request))
-
     results: dict[str, bytes] = {}
-    async with trio.open_nursery() as server, open_peer_client(TOKEN, timeout_s=60) as client:
-        server.start_soon(trio.serve_listeners, handle, listeners)
-        address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    async with misbehaving(respond) as address, open_peer_client(TOKEN, timeout_s=60) as client:
 
         async def read(key: str) -> None:
             req = BlockRequest("ds", key, "e", len(blocks[key]), 0, 64 * 1024)
@@ -235,7 +219,6 @@ async def test_requests_sent_while_the_socket_is_full_arrive_whole_and_each_is_a
             for key in keys[32:]:  # asked while the queued ones are still being sent
                 readers.start_soon(read, key)
                 await trio.lowlevel.checkpoint()
-        server.cancel_scope.cancel()
     assert results == blocks
     assert sorted(seen) == sorted(keys)
 
