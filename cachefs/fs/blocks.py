@@ -22,14 +22,20 @@ This is the heart of the read path (docs/architecture.md, "Read path"):
 * A small in-memory set of recently fetched blocks serves the rest of a block to sequential
   readers when the block could not be admitted (avoid-eviction with full tiers): without it, a
   4 MiB block read through in 128 KiB FUSE requests would be fetched 32 times.
-* Block read-ahead: a reader that moves from block i-1 to block i of a file (a sequential
-  reader of a large file: a TFRecord shard, a video) gets blocks i+1..i+W fetched in the
-  background, so a single stream has W+1 requests in flight instead of one. The window W
-  doubles at each block the reader moves on to, from ``readahead_blocks`` up to
-  ``readahead_max_blocks`` (mountpoint-s3's ramp: a short read costs little, a long stream
-  soon has the store's concurrency). A first read at the start of a multi-block file fetches
-  its second block ahead (a reader that starts at 0 is usually sequential; a random one loses
-  one block). Strided and random readers never trigger it; small files have one block.
+* Block read-ahead: a reader that reads a file in order (a TFRecord shard, a video) gets the
+  blocks ahead of it fetched in the background, so one stream has many GETs in flight instead
+  of one. The blocks kept ahead grow with what it has read in order: ``readahead_growth``
+  times those bytes, at most ``readahead_max_blocks`` (mountpoint-s3's ramp, scaled by bytes so
+  that 128 KiB and 1 MiB READs ramp alike: a short read costs little, a long stream soon has
+  the store's concurrency). A first read at the start of a multi-block file fetches its second
+  block ahead (a reader that starts at 0 is usually sequential; a random one loses one block).
+  Strided and random readers never trigger it; small files have one block.
+  The native READ path answers a block fetched ahead without Python, so the reads of a stream
+  mostly never reach this module. Some blocks fetched ahead, the *markers* (one in every
+  quarter of the window: the kernel's PG_readahead page plays the same part for its own
+  read-ahead), are kept out of the native table until a read of them reaches Python; that read
+  tells how far the reader has got, and the window moves on while the blocks after it are
+  read, so the store always has GETs of the stream in flight.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -160,8 +166,20 @@ class PeerRoute(Protocol):
         ...
 
 
-#: Files whose last read block the read-ahead remembers (enough for every open shard).
-LAST_BLOCK_SLOTS = 4096
+#: Files whose reads the read-ahead follows (enough for every open shard).
+STREAM_SLOTS = 4096
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One file read in order, as the read-ahead follows it (only the reads that reach Python:
+    see the module's docstring on the marker)."""
+
+    end: int  # the furthest byte a read of the stream ended at
+    in_order: int  # bytes read in order since the stream began: what the window grows with
+    fetched: int  # the highest block index read or fetched ahead
+    # Blocks fetched ahead that stay out of the native table until a read of them comes here.
+    markers: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +190,13 @@ class ReadLimits:
     disk_threads: int = 8  # concurrent SSD-tier reads
     admit_threads: int = 4  # concurrent admissions (file writes + index commits)
     recent_bytes: int = 64 << 20  # read-through buffer (at most _RecentBlocks.MAX_BLOCKS)
-    # Blocks fetched ahead of a sequential reader at its first block transition (0: off),
-    # doubling at each further one up to the maximum. The maximum stays below the read-through
-    # buffer's block count, or a non-owner's blocks read ahead would push out the ones it reads.
-    readahead_blocks: int = 4
+    # A reader that has read N bytes of a file in order gets readahead_growth * N bytes
+    # fetched ahead of it (0: no read-ahead), at most readahead_max_blocks blocks. 16 puts
+    # 12 blocks (48 MiB) in flight once 3 MiB were read: a 20 ms store's bandwidth-delay
+    # product at ~600 MB/s is ~3 blocks, and the batches are fetched in parallel. The maximum
+    # stays below the read-through buffer's block count, or a non-owner's blocks read ahead
+    # would push out the ones it reads.
+    readahead_growth: int = 16
     readahead_max_blocks: int = 12
 
 
@@ -209,11 +230,10 @@ class BlockReader:
         self._admit_slots = threading.BoundedSemaphore(limits.admit_threads)
         self._recent = _RecentBlocks(limits.recent_bytes)
         self._flights: dict[bytes, _Flight] = {}
-        self._readahead_blocks = limits.readahead_blocks
-        self._readahead_max_blocks = max(limits.readahead_blocks, limits.readahead_max_blocks)
-        # (source id, object key) -> (the block its last read ended in, the read-ahead window
-        # in blocks it has reached); bounded, oldest dropped.
-        self._last_block: OrderedDict[tuple[int, str], tuple[int, int]] = OrderedDict()
+        self._readahead_growth = limits.readahead_growth
+        self._readahead_max_blocks = limits.readahead_max_blocks
+        # (source id, object key) -> the stream the read-ahead follows; bounded, oldest dropped.
+        self._streams: OrderedDict[tuple[int, str], _Stream] = OrderedDict()
         # Read-ahead fetches run here, while serve_readahead runs.
         self._background = BackgroundTasks()
         # (source id, object key, etag, index) -> its BlockKey: a block read in many requests
@@ -241,7 +261,7 @@ class BlockReader:
             return b""
         block_size = source.block_size
         first, last = offset // block_size, (end - 1) // block_size
-        self._note_sequential(source, file, first, last, read_ahead_done)
+        self._follow(source, file, offset, end, read_ahead_done)
         if first == last:
             start = first * block_size
             return await self._read_block(source, file, first, offset - start, end - offset)
@@ -272,46 +292,77 @@ class BlockReader:
         """Run read-ahead fetches until cancelled (the worker starts this in its nursery)."""
         await self._background.run(task_status=task_status)
 
-    def _note_sequential(
+    def next_marker(self, source: DataSource, file: FileVersion, after: int) -> int | None:
+        """The first block of ``file`` past block ``after`` whose first read must reach Python
+        (a read-ahead marker: registered in the native table only after that read), or None."""
+        stream = self._streams.get((source.source_id, file.key))
+        if stream is None:
+            return None
+        return min((m for m in stream.markers if m > after), default=None)
+
+    def _follow(
         self,
         source: DataSource,
         file: FileVersion,
-        first: int,
-        last: int,
+        offset: int,
+        end: int,
         done: Callable[[int], None] | None,
     ) -> None:
-        """Remember where this read ended; if it moved on from the block the previous read of
-        the file ended in, start fetching the next blocks (once per block transition), over a
-        window that doubles with each transition."""
+        """Follow the stream this read belongs to and fetch the blocks its window now covers
+        that were not fetched for it yet. A read is in order when it starts no earlier than
+        one block before where the stream ended (the kernel's read-ahead can send a READ
+        late) and no later than the block after the last one fetched (the blocks between were
+        read by the native path, which this module does not see). Any other read starts a
+        new stream, which fetches the next block ahead when it starts at offset 0 (a file
+        read once more from its start, as a first read)."""
+        block_size = source.block_size
+        last = (end - 1) // block_size
         slot = (source.source_id, file.key)
-        previous = self._last_block.pop(slot, None)
-        if previous is None:
-            # A first read: at the start of the file, its next block (if any) is read ahead.
-            window = fetch = 1 if first == 0 and self._readahead_blocks else 0
+        stream = self._streams.pop(slot, None)
+        if stream is not None and (
+            stream.end - block_size <= offset <= (stream.fetched + 1) * block_size
+        ):
+            read_before = stream.in_order + max(0, offset - stream.end)
+            stream.in_order = read_before + max(0, end - max(offset, stream.end))
+            stream.end = max(stream.end, end)
+            ahead = min(
+                self._readahead_max_blocks,
+                -(-read_before * self._readahead_growth // block_size),
+            )
         else:
-            ended, reached = previous
-            if ended <= first <= ended + 1 < last + 1:  # moved on into the next block
-                grown = min(2 * reached, self._readahead_max_blocks)
-                window = fetch = max(grown, self._readahead_blocks)
-            elif ended - 1 <= first and last <= ended:
-                # More of the same block, or a straggler of the one before (the kernel's
-                # read-ahead can answer out of order): the position and the window stay.
-                last, window, fetch = ended, reached, 0
-            else:  # a jump: not sequential, the window starts again
-                window = fetch = 0
-        self._last_block[slot] = (last, window)
-        if len(self._last_block) > LAST_BLOCK_SLOTS:
-            self._last_block.popitem(last=False)
-        if not self._background.running or not fetch:
+            stream = _Stream(end=end, in_order=end - offset, fetched=last)
+            ahead = 1 if offset == 0 and self._readahead_growth else 0
+        stream.fetched = max(stream.fetched, last)
+        if stream.markers:  # the ones this read reached may enter the native table now
+            stream.markers = [m for m in stream.markers if m > last]
+        self._streams[slot] = stream
+        if len(self._streams) > STREAM_SLOTS:
+            self._streams.popitem(last=False)
+        if not self._background.running or not ahead:
             return
-        final = (file.size - 1) // source.block_size
-        for index in range(last + 1, min(last + fetch, final) + 1):
+        final = (file.size - 1) // block_size
+        batch = range(stream.fetched + 1, min(last + ahead, final) + 1)
+        if not batch:
+            return
+        stream.fetched = batch[-1]
+        wanted = []
+        for index in batch:
             key = self.block_key(source, file, index)
             if key.raw in self._flights or self._recent.get(key.raw) is not None:
                 continue
             if self.cache.locate(key) is not None:
                 continue
-            self._background.start_soon(self._read_ahead, source, file, index, key, done)
+            wanted.append((index, key))
+        # Markers are blocks this batch fetches (a block cached before may be in the native
+        # table already, and a read of it would never come here): its first, and one in every
+        # quarter of the window after it.
+        every = max(1, ahead // 4)
+        for n, (index, key) in enumerate(wanted):
+            report = done
+            if n % every == 0:
+                stream.markers.append(index)
+                report = None
+            self._background.start_soon(self._read_ahead, source, file, index, key, report)
 
     async def _read_ahead(
         self,

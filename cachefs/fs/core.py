@@ -338,12 +338,15 @@ class FileSystem:
             source, version, offset, size, read_ahead_done=register_read_ahead
         )
         if self.native is not None and generation == self._generation and data:
-            # This READ came to Python: its blocks (and the next ones) may be in RAM now.
+            # This READ came to Python: its blocks (and the next ones) may be in RAM now; not
+            # the read-ahead's marker block, whose first READ must come here.
             first = offset // source.block_size
             last = (offset + len(data) - 1) // source.block_size
-            self.native.register_blocks(
-                ino, source, version, first, last - first + 1 + BLOCKS_AHEAD_OF_READ
-            )
+            count = last - first + 1 + BLOCKS_AHEAD_OF_READ
+            marker = self.reader.next_marker(source, version, last)
+            if marker is not None:
+                count = min(count, marker - first)
+            self.native.register_blocks(ino, source, version, first, count)
         return data
 
     def _remember_version(

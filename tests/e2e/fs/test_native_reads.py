@@ -284,6 +284,35 @@ def test_every_read_of_a_large_checked_file_is_spliced_whatever_the_pipe_limit(t
         python_path.cleanup()
 
 
+def test_a_long_file_read_in_order_is_fetched_ahead_past_the_blocks_answered_in_c(
+    tmp_path, fast_read
+):
+    """A cold file of 24 blocks read once in order: READs of blocks fetched ahead are answered
+    in C and never reach Python, yet the read-ahead keeps ahead of the reader (its marker
+    blocks' READs do reach Python), so nearly every block is fetched ahead of its first READ,
+    and once. The bytes are the file's. (Before the markers, a reader the C path took past the
+    window met blocks not fetched and the stream was taken for a jump; here that read ahead
+    26 blocks for 23, with fetches of blocks already in flight.)"""
+    block, blocks = 1 << 20, 24
+    data = random.Random(24).randbytes(blocks * block - 1234)
+    make_source(tmp_path / "src", {"long.bin": data})
+    worker = WorkerProcess(
+        str(tmp_path / "w"), ram="64MiB", extra_args=("--fuse-fast-read", fast_read)
+    ).start()
+    try:
+        worker.add_dataset("ds", f"file://{tmp_path / 'src'}", block_size=block)
+        assert read_whole(worker.path("ds", "long.bin")) == data
+        reads = worker.status()["reads"]
+        # Every block but block 0 fetched ahead once (each a store read of its own); at most
+        # two on demand besides (a READ that straddles into the block after the one fetched
+        # when the window opens).
+        assert blocks - 3 <= reads["readahead_blocks"] <= blocks - 1, reads
+        if fast_read == "on":
+            assert native_stats(worker)["reads"] > 0
+    finally:
+        worker.stop()
+
+
 def test_a_refreshed_file_is_never_served_from_its_old_blocks(tmp_path, fast_read):
     source = tmp_path / "src"
     make_source(source, {"changing.bin": b"old!" * 30_000, "stable.bin": b"s" * 70_000})

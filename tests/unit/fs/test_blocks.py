@@ -119,62 +119,130 @@ async def read_in_steps(reader, source, version, offsets, step):
 
 
 async def test_a_sequential_reader_gets_the_next_blocks_fetched_ahead(world):
-    """A first read at offset 0 fetches block 1 ahead; moving on from block 0 into block 1
-    starts fetches of blocks 2..5 in the background: the reader then finds them cached or in
+    """A first read at offset 0 fetches block 1 ahead; each read in order then widens the window
+    (16 times the bytes read in order: a quarter block read puts 4 blocks ahead), so within
+    block 0 every block of the file is fetched ahead: the reader then finds them cached or in
     flight, each block is fetched once, and the bytes are the file's."""
     reader, source, version, data, store, metrics = world
     step = BLOCK // 4
     async with trio.open_nursery() as nursery:
         await nursery.start(reader.serve_readahead)
-        got = await read_in_steps(reader, source, version, range(0, BLOCK, step), step)
+        got = await reader.read(source, version, 0, step)
         await wait_until(lambda: metrics.readahead_blocks == 1, "block 1 read ahead")
-        got += await read_in_steps(reader, source, version, range(BLOCK, 2 * BLOCK, step), step)
+        got += await read_in_steps(reader, source, version, range(step, BLOCK, step), step)
         await wait_until(lambda: metrics.readahead_blocks == 5, "blocks 2..5 read ahead")
         assert store.gets == 6  # block 0 on demand, 1..5 ahead: every block once
-        got += await read_in_steps(reader, source, version, range(2 * BLOCK, len(data), step), step)
+        got += await read_in_steps(reader, source, version, range(BLOCK, len(data), step), step)
         nursery.cancel_scope.cancel()
     assert got == data
     assert store.gets == 6 and metrics.misses == 1
 
 
-async def test_the_read_ahead_window_doubles_as_a_reader_moves_on_and_restarts_after_a_jump(
-    tmp_path,
-):
-    """Reference model: window 1 after a first read at 0, then 2 (the configured start),
-    4, 8 and at most 8; a jump starts again. Each step waits for the read-ahead it started,
-    so the store's GET count is exactly the blocks reached."""
+def long_file_world(tmp_path, blocks: int, limits: ReadLimits):
     source_dir = tmp_path / "source"
     source_dir.mkdir()
-    data = random.Random(9).randbytes(40 * BLOCK)
+    data = random.Random(9).randbytes(blocks * BLOCK)
     (source_dir / "long.bin").write_bytes(data)
     store = CountingStore(open_store(StoreConfig(uri=f"file://{source_dir}")), delay_s=0.01)
     cache = TieredBlockCache(
         str(tmp_path / "index"), [TierConfig("ram", str(tmp_path / "ram"), 4 << 20)]
     )
-    metrics = WorkerMetrics()
-    reader = BlockReader(cache, metrics, ReadLimits(readahead_blocks=2, readahead_max_blocks=8))
+    reader = BlockReader(cache, WorkerMetrics(), limits)
     info = store.inner.head("long.bin")
     version = FileVersion(info.key, info.etag, info.size)
-    source = DataSource("ds", store, 1, BLOCK)
-    # (block read, the highest block fetched once its read-ahead is done)
-    model = [(0, 1), (1, 3), (2, 6), (3, 11), (4, 12), (5, 13), (30, 30), (31, 33), (32, 36)]
+    return reader, DataSource("ds", store, 1, BLOCK), version, data, store, cache
+
+
+async def follow_model(reader, source, version, data, store, model) -> None:
+    """Read each (first block, blocks) of ``model`` whole; after each, wait for the read-ahead
+    it started and check that the store was asked for every block up to its ``highest`` once
+    (the count starts from the store's GETs so far)."""
     fetched: set[int] = set()
+    already = store.gets
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reader.serve_readahead)
+        for index, count, highest in model:
+            got = await reader.read(source, version, index * BLOCK, count * BLOCK)
+            assert got == data[index * BLOCK : (index + count) * BLOCK]
+            fetched |= set(range(index, highest + 1))
+            await wait_until(
+                lambda n=len(fetched): store.gets >= already + n and reader.fetches_in_flight == 0,
+                f"the read-ahead after block {index}",
+            )
+            assert store.gets == already + len(fetched), (index, store.gets, sorted(fetched))
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_read_ahead_window_grows_with_the_bytes_read_in_order_and_restarts_after_a_jump(
+    tmp_path,
+):
+    """Reference model, growth 2 and at most 8 blocks: a first read at 0 fetches block 1; after
+    N blocks read in order the window is 2N blocks past the block read, at most 8; a jump
+    starts a new stream that fetches nothing until it reads on in order. So the store's GET
+    count is exactly the blocks reached."""
+    world = long_file_world(tmp_path, 40, ReadLimits(readahead_growth=2, readahead_max_blocks=8))
+    reader, source, version, data, store, cache = world
+    # (block read, blocks read, the highest block fetched once its read-ahead is done)
+    model = [
+        (0, 1, 1), (1, 1, 3), (2, 1, 6), (3, 1, 9), (4, 1, 12), (5, 1, 13),
+        (30, 1, 30), (31, 1, 33), (32, 1, 36),
+    ]  # fmt: skip
+    try:
+        await follow_model(reader, source, version, data, store, model)
+    finally:
+        cache.close()
+    assert reader.metrics.misses == 3  # block 0, and 30 and 31 after the jump
+
+
+async def test_reads_the_native_path_served_in_between_keep_a_stream_in_order(tmp_path):
+    """Blocks fetched ahead are answered by the native READ path without reaching Python: a
+    read that starts past where the stream ended, but no later than the block after the last
+    one fetched, is still in order (the bytes between count as read); one further on is a jump.
+    A read at offset 0 starts the stream again, as a first read (a file read once more)."""
+    world = long_file_world(tmp_path, 40, ReadLimits(readahead_growth=2, readahead_max_blocks=8))
+    reader, source, version, data, store, cache = world
+    model = [
+        (0, 1, 1),  # a first read: block 1 ahead
+        (2, 1, 6),  # block 1 read natively: 2 blocks in order before this read, 4 ahead
+        (7, 1, 15),  # 3..6 read natively; 7, the block after the last fetched: 8 ahead
+        (20, 1, 20),  # past block 15: a jump, nothing ahead
+    ]
+    try:
+        await follow_model(reader, source, version, data, store, model)
+        cache.evict_source(source.source_id)  # as after `dataset rm` and `dataset add`
+        gets = store.gets
+        await follow_model(reader, source, version, data, store, [(0, 1, 1)])
+        assert store.gets == gets + 2  # block 0, and block 1 ahead again
+    finally:
+        cache.close()
+
+
+async def test_read_ahead_markers_are_left_out_of_the_native_table_until_read(tmp_path):
+    """The blocks fetched ahead are reported (for the native table) when fetched, except the
+    markers, one in every quarter of the window from each batch's first: those stay out until
+    a read of them comes to Python, which also moves the window on."""
+    world = long_file_world(tmp_path, 40, ReadLimits(readahead_growth=16, readahead_max_blocks=8))
+    reader, source, version, _data, store, cache = world
+    reported: list[int] = []
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(reader.serve_readahead)
-            for index, highest in model:
-                got = await reader.read(source, version, index * BLOCK, BLOCK)
-                assert got == data[index * BLOCK : (index + 1) * BLOCK]
-                fetched |= set(range(index, highest + 1))
-                await wait_until(
-                    lambda n=len(fetched): store.gets >= n and reader.fetches_in_flight == 0,
-                    f"the read-ahead after block {index}",
-                )
-                assert store.gets == len(fetched), (index, store.gets, sorted(fetched))
+            await reader.read(source, version, 0, BLOCK, read_ahead_done=reported.append)
+            await wait_until(lambda: reader.fetches_in_flight == 0 and store.gets == 2)
+            assert reported == []  # block 1, the first batch's only block, is a marker
+            assert reader.next_marker(source, version, 0) == 1
+            await reader.read(source, version, BLOCK, BLOCK, read_ahead_done=reported.append)
+            await wait_until(lambda: reader.fetches_in_flight == 0 and store.gets == 10)
+            # Blocks 2..9 ahead (window 8), markers 2, 4, 6 and 8.
+            assert sorted(reported) == [3, 5, 7, 9]
+            assert reader.next_marker(source, version, 1) == 2
+            assert reader.next_marker(source, version, 5) == 6
+            assert reader.next_marker(source, version, 9) is None
+            await reader.read(source, version, 2 * BLOCK, 3 * BLOCK)  # blocks 2..4: past 2 and 4
+            assert reader.next_marker(source, version, 1) == 6
             nursery.cancel_scope.cancel()
     finally:
         cache.close()
-    assert metrics.misses == 3  # block 0, and 30 and 31 after the jump
 
 
 async def test_strided_readers_and_a_reader_without_the_service_get_no_read_ahead(world):
