@@ -173,7 +173,7 @@ STREAM_SLOTS = 4096
 @dataclass(slots=True)
 class _Stream:
     """One file read in order, as the read-ahead follows it (only the reads that reach Python:
-    see the module's docstring on the marker)."""
+    see the module's docstring on the markers)."""
 
     end: int  # the furthest byte a read of the stream ended at
     in_order: int  # bytes read in order since the stream began: what the window grows with
