@@ -29,7 +29,7 @@ This is the heart of the read path (docs/architecture.md, "Read path"):
   that 128 KiB and 1 MiB READs ramp alike: a short read costs little, a long stream soon has
   the store's concurrency). A first read at the start of a multi-block file fetches its second
   block ahead (a reader that starts at 0 is usually sequential; a random one loses one block).
-  Strided and random readers never trigger it; small files have one block.
+  Strided and random readers never trigger it from there; small files have one block.
   The native READ path answers a block fetched ahead without Python, so the reads of a stream
   mostly never reach this module. Some blocks fetched ahead, the *markers* (one in every
   quarter of the window: the kernel's PG_readahead page plays the same part for its own
@@ -168,6 +168,10 @@ class PeerRoute(Protocol):
 
 #: Files whose reads the read-ahead follows (enough for every open shard).
 STREAM_SLOTS = 4096
+#: How far behind a stream's end a read may start and still belong to it (at least a block):
+#: the kernel's own read-ahead keeps several READs of a file in flight, and one can reach
+#: Python after the READ that followed it.
+STRAGGLER_BYTES = 8 << 20
 
 
 @dataclass(slots=True)
@@ -310,17 +314,22 @@ class BlockReader:
     ) -> None:
         """Follow the stream this read belongs to and fetch the blocks its window now covers
         that were not fetched for it yet. A read is in order when it starts no earlier than
-        one block before where the stream ended (the kernel's read-ahead can send a READ
-        late) and no later than the block after the last one fetched (the blocks between were
-        read by the native path, which this module does not see). Any other read starts a
-        new stream, which fetches the next block ahead when it starts at offset 0 (a file
-        read once more from its start, as a first read)."""
+        :data:`STRAGGLER_BYTES` (or a block) before where the stream ended (the kernel's
+        read-ahead can send a READ late) and no later than the first marker not read yet, or
+        without one the block after the last one fetched: the blocks between were read by the
+        native path, which this module does not see, but a marker's READ always comes here,
+        so a read past one skipped it. A read at offset 0 (a file read once more from its
+        start) and any other read start a new stream; one at offset 0 fetches the next block
+        ahead, as a first read does."""
         block_size = source.block_size
         last = (end - 1) // block_size
         slot = (source.source_id, file.key)
         stream = self._streams.pop(slot, None)
-        if stream is not None and (
-            stream.end - block_size <= offset <= (stream.fetched + 1) * block_size
+        if (
+            stream is not None
+            and offset > 0
+            and stream.end - max(block_size, STRAGGLER_BYTES) <= offset
+            and offset // block_size <= min(stream.markers, default=stream.fetched + 1)
         ):
             read_before = stream.in_order + max(0, offset - stream.end)
             stream.in_order = read_before + max(0, end - max(offset, stream.end))
@@ -331,7 +340,9 @@ class BlockReader:
             )
         else:
             stream = _Stream(end=end, in_order=end - offset, fetched=last)
-            ahead = 1 if offset == 0 and self._readahead_growth else 0
+            ahead = (
+                min(1, self._readahead_max_blocks) if offset == 0 and self._readahead_growth else 0
+            )
         stream.fetched = max(stream.fetched, last)
         if stream.markers:  # the ones this read reached may enter the native table now
             stream.markers = [m for m in stream.markers if m > last]

@@ -211,7 +211,10 @@ class FileSystem:
             source, version = self._remember_version(dataset, entry)
             if self.native is not None:
                 ino = dataset.slot << SLOT_SHIFT | entry.ino
-                self.native.register_blocks(ino, source, version, 0, BLOCKS_PER_LOOKUP)
+                # Not from a read-ahead marker on (a LOOKUP again while the file is read).
+                marker = self.reader.next_marker(source, version, -1)
+                count = BLOCKS_PER_LOOKUP if marker is None else min(BLOCKS_PER_LOOKUP, marker)
+                self.native.register_blocks(ino, source, version, 0, count)
         return self._attr(dataset, entry)
 
     def getattr(self, ino: int) -> Attr:

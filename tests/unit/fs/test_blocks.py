@@ -196,16 +196,17 @@ async def test_the_read_ahead_window_grows_with_the_bytes_read_in_order_and_rest
 
 async def test_reads_the_native_path_served_in_between_keep_a_stream_in_order(tmp_path):
     """Blocks fetched ahead are answered by the native READ path without reaching Python: a
-    read that starts past where the stream ended, but no later than the block after the last
-    one fetched, is still in order (the bytes between count as read); one further on is a jump.
-    A read at offset 0 starts the stream again, as a first read (a file read once more)."""
-    world = long_file_world(tmp_path, 40, ReadLimits(readahead_growth=2, readahead_max_blocks=8))
+    read that starts past where the stream ended is still in order up to the first marker not
+    read yet (a marker's READ always comes here); one past it skipped it: a jump. A read at
+    offset 0 starts the stream again, as a first read (a file read once more)."""
+    world = long_file_world(tmp_path, 40, ReadLimits())  # growth 16, at most 12 blocks
     reader, source, version, data, store, cache = world
     model = [
-        (0, 1, 1),  # a first read: block 1 ahead
-        (2, 1, 6),  # block 1 read natively: 2 blocks in order before this read, 4 ahead
-        (7, 1, 15),  # 3..6 read natively; 7, the block after the last fetched: 8 ahead
-        (20, 1, 20),  # past block 15: a jump, nothing ahead
+        (0, 1, 1),  # a first read: block 1 ahead, a marker
+        (1, 1, 13),  # the marker: 12 ahead (2..13), markers 2, 5, 8 and 11
+        (2, 1, 14),  # the marker 2: one more (14, a marker)
+        (5, 1, 17),  # 3 and 4 read natively, then the marker 5: 15..17
+        (9, 1, 17),  # past marker 8, never read: a jump, nothing ahead
     ]
     try:
         await follow_model(reader, source, version, data, store, model)
@@ -259,11 +260,26 @@ async def test_strided_readers_and_a_reader_without_the_service_get_no_read_ahea
         assert reader.fetches_in_flight == 0
         nursery.cancel_scope.cancel()
     assert store.gets == 3 and metrics.readahead_blocks == 0
+    reader.cache.evict_source(source.source_id)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reader.serve_readahead)
+        # Every other block from the start: block 1 ahead of the first read, a marker, which
+        # the read of block 2 skipped: a jump, and so is the read of block 4.
+        for index in (0, 2, 4):
+            assert (
+                await reader.read(source, version, index * BLOCK, 10)
+                == data[index * BLOCK : index * BLOCK + 10]
+            )
+        await wait_until(lambda: reader.fetches_in_flight == 0 and store.gets == 7)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert store.gets == 7 and metrics.readahead_blocks == 1  # blocks 0, 1 (ahead), 2 and 4
+    reader.cache.evict_source(source.source_id)
     # serve_readahead is not running: a sequential read fetches only what it reads.
     assert await reader.read(source, version, 0, 3 * BLOCK) == data[: 3 * BLOCK]
     assert await reader.read(source, version, 4 * BLOCK, 10) == data[4 * BLOCK : 4 * BLOCK + 10]
     assert reader.fetches_in_flight == 0
-    assert store.gets == 6 and metrics.readahead_blocks == 0  # blocks 0, 2 and 4
+    assert store.gets == 11 and metrics.readahead_blocks == 1  # blocks 0, 1, 2 and 4 again
 
 
 async def test_run_in_thread_returns_the_value_and_raises_the_error_of_its_function():
