@@ -230,12 +230,15 @@ def preload(config, objects: int, processes: int, workdir: str, *, lean_s3: bool
     # Every fetcher process started and its store client opened before the clock starts (one
     # 1-byte GET each, sent together so that each goes to another process): the other rows'
     # clients are made before theirs too, and a worker keeps its pool from its first preload.
+    # The forkserver (the fetchers' parent) may have run for earlier rows: only what it spends
+    # from here counts.
+    forkserver_before = _forkserver_cpu()
     started = time.perf_counter()
     warming = [pool.start(config, listed[0].key, 0, 1, listed[0].etag) for _ in range(processes)]
     for future in warming:
         future.result()
     start_s = time.perf_counter() - started
-    start_cpu = sum(_cpu_of(pid) for pid in pool.pids()) + _forkserver_cpu()
+    start_cpu = sum(_cpu_of(pid) for pid in pool.pids()) + _forkserver_cpu() - forkserver_before
 
     class Target:
         def preload_source(self, dataset):
@@ -281,7 +284,8 @@ def preload(config, objects: int, processes: int, workdir: str, *, lean_s3: bool
     worker_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     # What the forkserver spent meanwhile too (it starts a fetcher that died); their start
     # before the clock is start_cpu.
-    fetchers_cpu = sum(_cpu_of(pid) for pid in pool.pids()) + _forkserver_cpu() - start_cpu
+    fetchers_cpu = sum(_cpu_of(pid) for pid in pool.pids()) + _forkserver_cpu()
+    fetchers_cpu -= forkserver_before + start_cpu
     pool.close()
     cache.close()
     shutil.rmtree(ram_dir, ignore_errors=True)
