@@ -211,10 +211,7 @@ class FileSystem:
             source, version = self._remember_version(dataset, entry)
             if self.native is not None:
                 ino = dataset.slot << SLOT_SHIFT | entry.ino
-                # Not from a read-ahead marker on (a LOOKUP again while the file is read).
-                marker = self.reader.next_marker(source, version, -1)
-                count = BLOCKS_PER_LOOKUP if marker is None else min(BLOCKS_PER_LOOKUP, marker)
-                self.native.register_blocks(ino, source, version, 0, count)
+                self.native.register_blocks(ino, source, version, 0, BLOCKS_PER_LOOKUP)
         return self._attr(dataset, entry)
 
     def getattr(self, ino: int) -> Attr:
@@ -341,15 +338,12 @@ class FileSystem:
             source, version, offset, size, read_ahead_done=register_read_ahead
         )
         if self.native is not None and generation == self._generation and data:
-            # This READ came to Python: its blocks (and the next ones) may be in RAM now; not
-            # the read-ahead's marker block, whose first READ must come here.
+            # This READ came to Python: its blocks (and the next ones) may be in RAM now.
             first = offset // source.block_size
             last = (offset + len(data) - 1) // source.block_size
-            count = last - first + 1 + BLOCKS_AHEAD_OF_READ
-            marker = self.reader.next_marker(source, version, last)
-            if marker is not None:
-                count = min(count, marker - first)
-            self.native.register_blocks(ino, source, version, first, count)
+            self.native.register_blocks(
+                ino, source, version, first, last - first + 1 + BLOCKS_AHEAD_OF_READ
+            )
         return data
 
     def _remember_version(

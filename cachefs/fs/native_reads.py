@@ -8,7 +8,8 @@ enter that table, and keeps it coherent with the cache and the snapshots:
 * **In**: a block enters only when the RAM tier holds it with its chunk checksums (it was
   admitted and verified), under the inode of the snapshot served now. :class:`FileSystem`
   registers the blocks of a file when the kernel looks the file up (its READs follow; a training
-  job lists, then reads), and after a Python READ the blocks it touched and the next ones. A
+  job lists, then reads), and after a Python READ the blocks it touched and the next ones; a
+  read-ahead marker (cachefs/fs/blocks.py) only once a READ of it came to Python. A
   registration made after an ``await`` names the snapshot generation it started in and is
   dropped if a refresh or a dataset change came in between.
 * **Out, before the space goes**: the cache calls the table's ``forget_file`` before it
@@ -152,10 +153,14 @@ class NativeReads:
     ) -> int:
         """Register blocks ``first .. first+count-1`` of a file, up to the first one the RAM
         tier does not hold (one index lookup each: a LOOKUP of a large uncached file costs one,
-        not ``count``); returns how many were registered. Call only with the version the
-        current snapshot serves."""
+        not ``count``) and never from a read-ahead marker on (``BlockReader.next_marker``: its
+        first READ must reach Python, which tells the read-ahead the reader got there); returns
+        how many were registered. Call only with the version the current snapshot serves."""
         block_size = source.block_size
         last = min(first + count, -(-version.size // block_size)) - 1
+        marker = self._reader.next_marker(source, version, first - 1)
+        if marker is not None:
+            last = min(last, marker - 1)
         registered = 0
         for index in range(first, last + 1):
             key = self._reader.block_key(source, version, index)

@@ -1,9 +1,10 @@
-"""What FileSystem registers in the native READ table while the read-ahead runs: never a
-read-ahead marker before a READ of it came to Python, so that the read-ahead sees the reader
-get there (cachefs/fs/blocks.py, "markers"). A real BlockReader over a real TieredBlockCache,
-local store and snapshot; the native table is replaced by a recorder below its seam
-(NativeReads, whose real side tests/unit/fs/test_native_table.py and the mounts of
-tests/e2e/fs/test_native_reads.py test), because the table lives in the patched pyfuse3."""
+"""What enters the native READ table while the read-ahead runs: never a read-ahead marker
+before a READ of it came to Python, so that the read-ahead sees the reader get there
+(cachefs/fs/blocks.py, "markers"), whoever registers (a LOOKUP, a Python READ, a block fetched
+ahead). A real FileSystem, NativeReads, BlockReader, TieredBlockCache, local store and
+snapshot; the table itself, which lives in the patched pyfuse3, is a recorder below its seam
+(NativeReadTable; the real one is tested in tests/unit/fs/test_native_table.py and through the
+mounts of tests/e2e/fs/test_native_reads.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import trio.testing
 from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.fs.blocks import BlockReader, DataSource, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, FileSystem, MountedDataset
+from cachefs.fs.native_reads import NativeReads
 from cachefs.meta import Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.store import StoreConfig, open_store
@@ -25,20 +27,26 @@ MARKERS = {2, 5, 8, 11}  # of the batch the read of block 1 starts (blocks 2..13
 
 
 class RecordingTable:
-    """Stands in for NativeReads: records each register_blocks call's blocks."""
+    """Stands in for the binding's table (NativeReadTable): records the blocks registered."""
 
     def __init__(self) -> None:
-        self.registered: list[range] = []
+        self.registered: list[int] = []
 
-    def register_blocks(self, ino, source, version, first, count) -> int:
-        self.registered.append(range(first, first + count))
-        return count
+    def configure(self, chunk_size, max_blocks, max_names) -> None:
+        pass
+
+    def register(self, ino, index, block_size, file_size, file_id, path, length, sums) -> bool:
+        self.registered.append(index)
+        return True
+
+    def forget_file(self, file_id) -> None:
+        pass
 
     def forget_inodes(self, lo, hi) -> None:
         pass
 
-    def covered(self) -> set[int]:
-        return {index for blocks in self.registered for index in blocks}
+    def clear(self) -> None:
+        pass
 
 
 async def test_markers_enter_the_native_table_only_after_a_read_of_them(tmp_path):
@@ -56,13 +64,13 @@ async def test_markers_enter_the_native_table_only_after_a_read_of_them(tmp_path
     fs = FileSystem(reader)
     fs.add_dataset(MountedDataset("ds", 1, snapshot, DataSource("ds", store, 1, BLOCK)))
     table = RecordingTable()
-    fs.native = table  # type: ignore[assignment]
+    fs.native = NativeReads(table, cache, reader)  # type: ignore[arg-type]
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(reader.serve_readahead)
             root = fs.lookup(MOUNT_ROOT, b"ds").ino
             ino = fs.lookup(root, b"long.bin").ino
-            assert table.registered == [range(0, 64)]  # nothing read ahead yet: its first 64
+            assert table.registered == []  # nothing cached yet
 
             async def read(index: int, read_ahead: int) -> None:
                 """Read block ``index``; wait until ``read_ahead`` blocks were fetched ahead."""
@@ -71,18 +79,19 @@ async def test_markers_enter_the_native_table_only_after_a_read_of_them(tmp_path
                 await wait_until(lambda: reader.metrics.readahead_blocks == read_ahead)
                 await trio.testing.wait_all_tasks_blocked()
 
-            table.registered.clear()
-            await read(0, 1)  # block 1 fetched ahead: the marker
-            assert 1 not in table.covered()
+            await read(0, 1)  # block 0 goes in; block 1, fetched ahead, is the marker
+            assert table.registered == [0]
             await read(1, 13)  # the marker's READ: 2..13 fetched ahead
-            assert table.covered() & MARKERS == set()
-            assert {3, 4, 6, 7, 9, 10, 12, 13} <= table.covered()  # reported when fetched
+            assert set(table.registered) & MARKERS == set()
+            # Block 1 after its READ, and the others when fetched.
+            assert set(table.registered) == {0, 1, 3, 4, 6, 7, 9, 10, 12, 13}
             # A LOOKUP again while the file is read (the dentry dropped) stops before them too.
+            table.registered.clear()
             fs.lookup(root, b"long.bin")
-            assert table.registered[-1] == range(0, 2)
+            assert table.registered == [0, 1]
+            table.registered.clear()
             await read(2, 14)  # marker 2 read: it and the blocks up to the next marker go in
-            assert table.registered[-1] == range(2, 5)
-            assert table.covered() & MARKERS == {2}
+            assert table.registered == [2, 3, 4]
             nursery.cancel_scope.cancel()
     finally:
         snapshot.close()
