@@ -227,18 +227,22 @@ def preload(config, objects: int, processes: int, workdir: str, *, lean_s3: bool
     ram_dir = tempfile.mkdtemp(prefix="cachefs-bench-ram-", dir=RAM_PARENT)
     cache = TieredBlockCache(os.path.join(workdir, "index"), [TierConfig("ram", ram_dir, 2 << 30)])
     pool = FetcherPool(processes, lean_s3=lean_s3)
+
     # Every fetcher process started and its store client opened before the clock starts (one
     # 1-byte GET each, sent together so that each goes to another process): the other rows'
     # clients are made before theirs too, and a worker keeps its pool from its first preload.
-    # The forkserver (the fetchers' parent) may have run for earlier rows: only what it spends
-    # from here counts.
-    forkserver_before = _forkserver_cpu()
+    def pool_cpu() -> float:
+        # The fetchers', and the forkserver's (their parent, which starts them; it may have
+        # run for earlier rows too, so only differences count).
+        return sum(_cpu_of(pid) for pid in pool.pids()) + _forkserver_cpu()
+
+    cpu_before = pool_cpu()
     started = time.perf_counter()
     warming = [pool.start(config, listed[0].key, 0, 1, listed[0].etag) for _ in range(processes)]
     for future in warming:
         future.result()
     start_s = time.perf_counter() - started
-    start_cpu = sum(_cpu_of(pid) for pid in pool.pids()) + _forkserver_cpu() - forkserver_before
+    cpu_at_start = pool_cpu()
 
     class Target:
         def preload_source(self, dataset):
@@ -282,10 +286,7 @@ def preload(config, objects: int, processes: int, workdir: str, *, lean_s3: bool
     seconds = trio.run(run)
     after = resource.getrusage(resource.RUSAGE_SELF)
     worker_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    # What the forkserver spent meanwhile too (it starts a fetcher that died); their start
-    # before the clock is start_cpu.
-    fetchers_cpu = sum(_cpu_of(pid) for pid in pool.pids()) + _forkserver_cpu()
-    fetchers_cpu -= forkserver_before + start_cpu
+    fetchers_cpu = pool_cpu() - cpu_at_start  # their start before the clock not included
     pool.close()
     cache.close()
     shutil.rmtree(ram_dir, ignore_errors=True)
@@ -307,7 +308,7 @@ def preload(config, objects: int, processes: int, workdir: str, *, lean_s3: bool
         "fetchers_cpu_ms_per_block": 1000 * fetchers_cpu / blocks,
         # The pool's start (processes, imports, store clients): a worker's first preload.
         "fetchers_start_s": start_s,
-        "fetchers_start_cpu_s": start_cpu,
+        "fetchers_start_cpu_s": cpu_at_start - cpu_before,
     }
 
 
