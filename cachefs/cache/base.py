@@ -75,7 +75,7 @@ class BlockKey:
         return self.raw.hex()
 
 
-def checksum(data: bytes | memoryview) -> int:
+def checksum(data: bytes | bytearray | memoryview) -> int:
     """The whole-block checksum kept in the index (xxh3_64): what same-node short-circuit
     readers check (:class:`BlockFile`). The cache itself checks :func:`chunk_checksums`."""
     return xxhash.xxh3_64_intdigest(data)
@@ -95,7 +95,7 @@ def chunk_count(size: int, chunk_size: int = CHUNK_SIZE) -> int:
     return max(1, -(-size // chunk_size))
 
 
-def chunk_checksums(data: bytes | memoryview, chunk_size: int = CHUNK_SIZE) -> bytes:
+def chunk_checksums(data: bytes | bytearray | memoryview, chunk_size: int = CHUNK_SIZE) -> bytes:
     """The xxh3_64 of every ``chunk_size`` chunk of a whole block, as concatenated 8-byte
     big-endian digests (:data:`CHUNK_CHECKSUM_LEN` bytes per chunk)."""
     view = memoryview(data)
@@ -105,6 +105,15 @@ def chunk_checksums(data: bytes | memoryview, chunk_size: int = CHUNK_SIZE) -> b
         xxhash.xxh3_64_digest(view[start : start + chunk_size])
         for start in range(0, len(view), chunk_size)
     )
+
+
+def block_checksums(data: bytes | bytearray | memoryview) -> tuple[int, bytes]:
+    """(:func:`checksum`, :func:`chunk_checksums`) of a whole block. A block of one chunk is
+    hashed once: its only chunk checksum is the whole block's xxh3_64 (big-endian)."""
+    if len(data) <= CHUNK_SIZE:
+        digest = xxhash.xxh3_64_digest(data)
+        return int.from_bytes(digest, "big"), digest
+    return checksum(data), chunk_checksums(data)
 
 
 def first_bad_chunk(

@@ -245,7 +245,7 @@ def _subdirs(path: str) -> Iterator[os.DirEntry[str]]:
             yield entry
 
 
-def write_new_file(path: str, data: bytes) -> None:
+def write_new_file(path: str, data: bytes | bytearray) -> None:
     """Create ``path`` (it must not exist; mode 0600) holding ``data``: how a block file is
     written, here or by a preload fetcher process into a reservation."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)

@@ -9,9 +9,16 @@ checksums, and the worker admits the file (a rename and an index entry) — the 
 never cross the pipe or the worker. :meth:`FetcherPool.fetch` / ``start`` send the bytes back
 instead (the benchmarks measure the GET path with them).
 
-Each fetcher process keeps many GETs in flight at once (a thread per request, up to
-``threads``): how many the whole pool has in flight is the preloader's to decide (its adaptive
-limit, cachefs/store/concurrency.py), not one per process. Requests and answers are multiplexed
+Each fetcher process keeps many GETs in flight at once (up to ``threads``): how many the whole
+pool has in flight is the preloader's to decide (its adaptive limit,
+cachefs/store/concurrency.py), not one per process. The small blocks of S3 sources have their
+first try on the process's main thread, in a selector loop over keep-alive connections
+(:class:`cachefs.store.get_loop.GetLoop`), which also reads the pipe: a thread per GET cost
+more CPU in thread hand-offs than in HTTP (0.29-0.36 ms of a fetcher's CPU per 110 KB GET
+against 0.11-0.13 ms in the loop, bench/results/store_fetch_rate/2026-12-01-get-loop.md).
+Large blocks, other stores, and every request whose first try the loop left undone (a
+transient error, a stall) run on threads (one per request, up to ``threads``), through the
+store's ordinary read with its retries. Requests and answers are multiplexed
 over one pipe per process, tagged with a request number; a reader thread in the worker hands
 each answer to the future of its request. An answer says whether any of the request's tries
 the store answered "slow down" (the adaptive limit's signal); the checksums of a written block,
@@ -56,12 +63,14 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
 from typing import Any, NamedTuple
 
-from cachefs.cache.base import checksum, chunk_checksums
+from cachefs.cache.base import block_checksums
 from cachefs.cache.tier import write_new_file
 from cachefs.errors import CachefsError, StoreError
 from cachefs.store import ObjectStore, StoreConfig, open_store, parse_uri
 from cachefs.store.concurrency import PRELOAD_BOUNDS, throttled_tries
-from cachefs.store.s3 import LEAN_GETS
+from cachefs.store.get_loop import GetLoop
+from cachefs.store.s3 import LEAN_GETS, S3Store
+from cachefs.store.s3_bulk import S3BulkReader
 from cachefs.threads import LazyThreads
 
 log = logging.getLogger(__name__)
@@ -69,6 +78,12 @@ log = logging.getLogger(__name__)
 #: GETs one fetcher process runs at once: enough for the preload's whole adaptive ceiling,
 #: however the requests spread over the processes (threads start only when needed).
 FETCHER_THREADS = PRELOAD_BOUNDS.ceiling
+
+#: Blocks of at most this many bytes whose source is read with the lean S3 client have their
+#: first try in the fetcher's GET loop (cachefs/store/get_loop.py), larger ones on a thread
+#: each: the loop saves the thread hand-offs of every GET, which count for the many small GETs
+#: of small files, while a large block's transfer and file write are better spread over threads.
+LOOP_MAX_BYTES = 1 << 20
 
 #: Whether fetchers read S3 sources with the lean bulk-GET client (cachefs/store/s3_bulk.py)
 #: rather than boto3: the store's own default; ``FetcherPool(lean_s3=...)`` overrides it.
@@ -274,15 +289,20 @@ def fetch_into(
     data, throttled = fetch_range(*request, lean_s3=lean_s3)
     if isinstance(data, Failure):
         return data, throttled
+    return write_block(request, path, data), throttled
+
+
+def write_block(request: FetchRequest, path: str, data: bytes | bytearray) -> WrittenSums | Failure:
+    """The fetched bytes of ``request`` written to a new file at ``path``: their checksums,
+    or the :class:`Failure` (a short read leaves no file)."""
     _, key, _, length, _ = request
     if len(data) != length:
-        message = f"got {len(data)} bytes for a {length}-byte range of {key!r}"
-        return Failure(SHORT_READ, message), throttled
+        return Failure(SHORT_READ, f"got {len(data)} bytes for a {length}-byte range of {key!r}")
     try:
         write_new_file(path, data)
     except OSError as exc:
-        return Failure(CACHE_WRITE, f"could not write the block to the cache: {exc}"), throttled
-    return (checksum(data), chunk_checksums(data)), throttled
+        return Failure(CACHE_WRITE, f"could not write the block to the cache: {exc}")
+    return block_checksums(data)
 
 
 def _fetch_into_inline(request: FetchRequest, path: str, lean_s3: bool) -> Written:
@@ -318,48 +338,122 @@ def exit_with(owner: int) -> None:
     threading.Thread(target=watch, name="cachefs-fetcher-owner", daemon=True).start()
 
 
-def _answer(number: int, request: FetchRequest, path: str | None, lean_s3: bool) -> list[bytes]:
-    """The GET of one request, and the messages that answer it."""
+def _answer(
+    number: int, request: FetchRequest, path: str | None, lean_s3: bool, throttled: bool = False
+) -> list[bytes | bytearray]:
+    """The GET of one request, and the messages that answer it (``throttled``: an earlier try
+    of it was answered "slow down")."""
     if path is not None:  # into a file: only the checksums go back
-        sums, throttled = fetch_into(request, path, lean_s3=lean_s3)
-        if isinstance(sums, Failure):
-            return [_encode_failure(number, sums, throttled)]
-        return [_ANSWER.pack(number, _WRITTEN, throttled, sums[0]) + sums[1]]
-    data, throttled = fetch_range(*request, lean_s3=lean_s3)
+        sums, slowed = fetch_into(request, path, lean_s3=lean_s3)
+        return _answer_written(number, sums, throttled or slowed)
+    data, slowed = fetch_range(*request, lean_s3=lean_s3)
+    return _answer_fetched(number, data, throttled or slowed)
+
+
+def _answer_written(
+    number: int, sums: WrittenSums | Failure, throttled: bool
+) -> list[bytes | bytearray]:
+    if isinstance(sums, Failure):
+        return [_encode_failure(number, sums, throttled)]
+    return [_ANSWER.pack(number, _WRITTEN, throttled, sums[0]) + sums[1]]
+
+
+def _answer_fetched(
+    number: int, data: bytes | bytearray | Failure, throttled: bool
+) -> list[bytes | bytearray]:
     if isinstance(data, Failure):
         return [_encode_failure(number, data, throttled)]
     return [_ANSWER.pack(number, _BYTES, throttled, 0), data]  # the bytes follow the head
 
 
+def _loop_reader(request: FetchRequest, lean_s3: bool) -> S3BulkReader | None:
+    """The lean client whose GET of ``request`` the process's GET loop may send, or None: the
+    request goes to a thread (not S3, boto3, a large block, or a client that cannot open:
+    the thread's :func:`fetch_range` reports that)."""
+    config, _, _, length, _ = request
+    if not lean_s3 or not 0 < length <= LOOP_MAX_BYTES:
+        return None
+    try:
+        store = _store(config, lean_s3)
+        return store.bulk_reader() if isinstance(store, S3Store) else None
+    except CachefsError:
+        return None
+
+
 def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
-    """A fetcher process: GETs for each request on the pipe, answers in any order."""
+    """A fetcher process: GETs for each request on the pipe, answers in any order.
+
+    Requests the GET loop can take (:func:`_loop_reader`) have their first try there, on this
+    thread, at most ``threads`` at once; the others, and every request whose first try the
+    loop did not finish (a transient error, a stall: cachefs/store/get_loop.py), go to up to
+    ``threads`` threads that run the store's ordinary read, retries included."""
     exit_with(owner)
     send_lock = threading.Lock()  # an answer and its bytes go out together
     configs: dict[int, StoreConfig] = {}
 
-    def answer(number: int, request: FetchRequest, path: str | None) -> None:
-        try:
-            messages = _answer(number, request, path, lean_s3)
-        except Exception as exc:  # a bug here must still answer: the worker waits for each one
-            messages = [_encode_failure(number, Failure.of(exc), False)]
+    def send(messages: list[bytes | bytearray]) -> None:
         with send_lock:
             for message in messages:
                 conn.send_bytes(message)
 
-    answers = LazyThreads(threads, "cachefs-fetch", answer)
-    while True:
+    def answer(number: int, request: FetchRequest, path: str | None, throttled: bool) -> None:
         try:
-            message = conn.recv_bytes()
-        except (EOFError, OSError):  # the owner is gone
-            os._exit(0)
+            messages = _answer(number, request, path, lean_s3, throttled)
+        except Exception as exc:  # a bug here must still answer: the worker waits for each one
+            messages = [_encode_failure(number, Failure.of(exc), throttled)]
+        send(messages)
+
+    answers = LazyThreads(threads, "cachefs-fetch", answer)
+    loop = GetLoop(connections=threads)
+    in_loop: dict[int, tuple[FetchRequest, str | None]] = {}
+
+    def take(message: bytes) -> None:
         kind = message[:1]
         if kind == _REQUEST:
-            answers.submit(_decode_request(message, configs))
+            number, request, path = _decode_request(message, configs)
+            reader = _loop_reader(request, lean_s3)
+            if reader is None:
+                answers.submit((number, request, path, False))
+            else:
+                _, key, offset, length, etag = request
+                try:
+                    loop.submit(number, reader, key, offset, length, etag)
+                    in_loop[number] = (request, path)
+                except Exception:  # it could not be signed (credentials that will not refresh,
+                    # say): the ordinary read on a thread reports why
+                    answers.submit((number, request, path, False))
         elif kind == _CONFIG:
             config_number, config = pickle.loads(message[1:])
             configs[config_number] = config
         else:  # the owner closed the pool
             os._exit(0)
+
+    def read_pipe() -> None:
+        try:
+            take(conn.recv_bytes())
+            while conn.poll():  # every request already sent, before the loop's sockets
+                take(conn.recv_bytes())
+        except (EOFError, OSError):  # the owner is gone
+            os._exit(0)
+
+    loop.watch(conn, read_pipe)
+    while True:
+        for number, body, throttled in loop.poll():
+            request, path = in_loop.pop(number)
+            if body is None:  # not done there: the ordinary read, on a thread
+                answers.submit((number, request, path, throttled))
+                continue
+            messages: list[bytes | bytearray]
+            try:
+                if isinstance(body, StoreError):  # the store's answer: no such key, say
+                    messages = [_encode_failure(number, Failure.of(body), throttled)]
+                elif path is None:
+                    messages = _answer_fetched(number, body, throttled)
+                else:
+                    messages = _answer_written(number, write_block(request, path, body), throttled)
+            except Exception as exc:  # as in answer(): every request is answered
+                messages = [_encode_failure(number, Failure.of(exc), throttled)]
+            send(messages)
 
 
 class _Fetcher:

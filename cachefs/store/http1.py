@@ -164,9 +164,7 @@ class Http1Pool:
         and headers are in; the caller then reads or closes the :class:`Response`.
         ``head_timeout``, if given, bounds the connect and every wait up to the headers
         instead of the pool's ``timeout`` (which still bounds each wait in the body)."""
-        lines = [f"GET {path} HTTP/1.1", f"Host: {self.host_header}"]
-        lines += [f"{name}: {value}" for name, value in headers]
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        request = encode_get(self.host_header, path, headers)
         for fresh in (False, True):
             connection = self._take(fresh, head_timeout)
             try:
@@ -249,14 +247,23 @@ class Http1Pool:
                 total += len(lines[-1])
                 if total > MAX_HEAD_BYTES:
                     raise MalformedAnswer("the answer's headers are too long")
-            status, headers = _parse_head(lines[:-1])
+            status, headers = parse_head(lines[:-1])
             if not 100 <= status < 200:
                 return Response(self, connection, status, headers)
             # An interim answer (100 Continue): the real one follows.
             first = connection.line()
 
 
-def _parse_head(lines: list[bytes]) -> tuple[int, dict[str, str]]:
+def encode_get(host_header: str, path: str, headers: list[tuple[str, str]]) -> bytes:
+    """The bytes of ``GET path`` to ``host_header`` with ``headers``: one request head."""
+    lines = [f"GET {path} HTTP/1.1", f"Host: {host_header}"]
+    lines += [f"{name}: {value}" for name, value in headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def parse_head(lines: list[bytes]) -> tuple[int, dict[str, str]]:
+    """The status and headers (names lower-cased) of an answer's head, given as its lines
+    without the empty one that ends it. Raises :class:`MalformedAnswer`."""
     parts = lines[0].decode("latin-1").rstrip("\r\n").split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise MalformedAnswer("the answer does not start with an HTTP/1.x status line")

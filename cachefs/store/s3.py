@@ -258,6 +258,12 @@ class S3Store(S3Calls):
         except (StoreError, ConfigError) as exc:  # left unopened: the first GET raises it again
             log.debug("lean GET client for %s not opened yet: %s", self.description, exc)
 
+    def bulk_reader(self) -> S3BulkReader | None:
+        """The lean GET client :meth:`get_range` reads through (opened now), or None where
+        ranged GETs go through boto3; raises as :meth:`get_range` would where it cannot be
+        opened. For callers that send its GETs themselves (cachefs/store/get_loop.py)."""
+        return self._lean_reader()
+
     def _lean_reader(self) -> S3BulkReader | None:
         """The lean GET client, opened on first use; None where it cannot serve this source
         (cachefs/store/s3_bulk.py ``_refuse_unsupported`` says when; logged once) or when

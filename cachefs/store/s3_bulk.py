@@ -51,9 +51,9 @@ import botocore.httpsession
 import botocore.session
 import botocore.utils
 
-from cachefs.errors import ConfigError, ObjectChanged
-from cachefs.store.base import StoreConfig
-from cachefs.store.http1 import BodyCutShort, Http1Pool
+from cachefs.errors import ConfigError, ObjectChanged, StoreError
+from cachefs.store.base import RetryPolicy, StoreConfig
+from cachefs.store.http1 import BodyCutShort, Http1Pool, encode_get
 from cachefs.store.retry import (
     ATTEMPT_THREADS,
     Attempt,
@@ -108,6 +108,7 @@ class S3BulkReader(S3Calls):
         self._url_start, self._path_start = probe.url_start, probe.path_start
         self._region, self._credentials = probe.region, probe.credentials
         self._signer = GetSigner(self._region)
+        self._tls = probe.tls
         self._pool = Http1Pool(
             probe.url_start,
             timeout=self._retry.attempt_timeout_s,  # bounds the connect and every wait on it
@@ -123,6 +124,48 @@ class S3BulkReader(S3Calls):
         :meth:`~cachefs.store.base.ObjectStore.get_range` promises."""
         if length == 0:
             return b""
+        path, headers = self._target(key, offset, length, etag)
+        return self._hedged_read(
+            key,
+            offset,
+            length,
+            lambda attempt: self._get_body(key, path, headers, etag, length, attempt),
+        )
+
+    def signed_get(self, key: str, offset: int, length: int, etag: str | None) -> bytes:
+        """The whole request head (signed now) of the GET :meth:`get_range` sends for these
+        arguments: for a caller that sends it on a connection of its own
+        (cachefs/store/get_loop.py) to :attr:`origin`."""
+        path, headers = self._target(key, offset, length, etag)
+        return encode_get(self._pool.host_header, path, headers + self._signature(path))
+
+    def answer_error(self, status: int, body: bytes | bytearray, key: str) -> StoreError:
+        """The error an S3 error answer (``status``, its XML ``body``) to a GET of ``key`` is:
+        the very one :meth:`get_range`'s try raises for it."""
+        return error_for_answer(
+            status, _error_code(body), key=key, dataset=self._dataset, store=self.description
+        )
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The source's retry policy (its per-try bounds are the GET loop's too)."""
+        return self._retry
+
+    @property
+    def origin(self) -> tuple[str, int, ssl.SSLContext | None]:
+        """Where the GETs go: host, port, and the TLS context (None: plain HTTP)."""
+        return self._pool.host, self._pool.port, self._tls
+
+    def close(self) -> None:
+        self._reads.close()
+        self._pool.close()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _target(
+        self, key: str, offset: int, length: int, etag: str | None
+    ) -> tuple[str, list[tuple[str, str]]]:
+        """The URL path and the unsigned headers of a ranged GET."""
         # Quoted as botocore quotes a key in a URL path: UTF-8, everything but "/" and "~".
         path = self._path_start + quote(self._prefix + key, safe="/~")
         headers = [
@@ -132,19 +175,18 @@ class S3BulkReader(S3Calls):
         ]
         if etag is not None:
             headers.append(("If-Match", f'"{etag}"'))
+        return path, headers
 
-        return self._hedged_read(
-            key,
-            offset,
-            length,
-            lambda attempt: self._get_body(key, path, headers, etag, length, attempt),
+    def _signature(self, path: str) -> list[tuple[str, str]]:
+        # Frozen per request: refreshable (temporary) credentials renew themselves here.
+        credentials = self._credentials.get_frozen_credentials()
+        return self._signer.headers(
+            host=self._pool.host_header,
+            path=path,
+            access_key=credentials.access_key,
+            secret_key=credentials.secret_key,
+            token=credentials.token,
         )
-
-    def close(self) -> None:
-        self._reads.close()
-        self._pool.close()
-
-    # --- internals --------------------------------------------------------------------------
 
     def _get_body(
         self,
@@ -156,15 +198,7 @@ class S3BulkReader(S3Calls):
         attempt: Attempt,
     ) -> bytes:
         """One try: sign, send, check the answer's headers, read its body in one call."""
-        # Frozen per request: refreshable (temporary) credentials renew themselves here.
-        credentials = self._credentials.get_frozen_credentials()
-        signature = self._signer.headers(
-            host=self._pool.host_header,
-            path=path,
-            access_key=credentials.access_key,
-            secret_key=credentials.secret_key,
-            token=credentials.token,
-        )
+        signature = self._signature(path)
         # The headers first: a lost try stops before the body.
         response = self._pool.get(path, headers + signature, head_timeout=attempt.head_timeout_s)
         attempt.first_byte()
@@ -290,7 +324,7 @@ def _tls_context(session: botocore.session.Session) -> ssl.SSLContext:
     return context
 
 
-def _error_code(body: bytes) -> str:
+def _error_code(body: bytes | bytearray) -> str:
     """The <Code> of an S3 error answer's XML body ("" when there is none)."""
     match = _ERROR_CODE.search(body)
     return match.group(1).decode("utf-8", "replace") if match else ""

@@ -20,7 +20,7 @@ import lmdb
 import pytest
 
 from cachefs.cache import TierConfig, TieredBlockCache
-from cachefs.cache.base import CHUNK_SIZE, chunk_checksums
+from cachefs.cache.base import CHUNK_SIZE, block_checksums, checksum, chunk_checksums
 from cachefs.cache.index import Entry
 from cachefs.cache.tier import MARKER_PREFIX, allocation_unit
 from tests.damage import flip_byte
@@ -288,3 +288,12 @@ def test_an_index_of_format_1_opens_warm_and_is_verified(open_cache, tmp_path, s
     assert cache.read(key(10), 0, 10) == big[:10]
     assert cache.read(key(10), 3 * CHUNK_SIZE, 10) is None
     assert cache.counters().corrupt == 1
+
+
+@pytest.mark.parametrize("size", [0, 1, CHUNK_SIZE - 1, CHUNK_SIZE, CHUNK_SIZE + 1, 3 * CHUNK_SIZE])
+def test_block_checksums_hash_a_one_chunk_block_once_and_agree_with_both(size):
+    """block_checksums (the fetchers' one pass for a block of one chunk) is exactly the pair of
+    checksum and chunk_checksums, for bytes and for a bytearray."""
+    data = random.Random(size).randbytes(size)
+    for block in (data, bytearray(data)):
+        assert block_checksums(block) == (checksum(data), chunk_checksums(data))
