@@ -24,7 +24,7 @@ import pytest
 
 from tests.fakes.etcd import ETCD_BINARY, EtcdServer
 from tests.fakes.fault_proxy import FaultProxy
-from tests.fakes.moto import MotoServer
+from tests.fakes.moto import TEST_CREDENTIALS, MotoServer
 from tests.fakes.oss_server import FakeOSSServer
 
 # No test may make botocore probe the EC2 instance-metadata address (169.254.169.254) for
@@ -32,6 +32,13 @@ from tests.fakes.oss_server import FakeOSSServer
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("AWS_CONFIG_FILE", os.devnull)
 os.environ.setdefault("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+# The moto server's test credentials from the start, not only once ``moto_s3`` sets them: the
+# preload fetchers are forked by multiprocessing's forkserver, which keeps the environment it
+# was started with, so a test that started it first (a local-store fetch) left every later
+# test's fetchers without credentials (tests/e2e/cluster/test_fetchers.py, then
+# test_preload_throttling.py, failed run alone).
+for _name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+    os.environ.setdefault(_name, TEST_CREDENTIALS[_name])
 
 
 @pytest.fixture(scope="session")
