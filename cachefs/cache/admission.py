@@ -23,7 +23,7 @@ import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from cachefs.cache.base import BlockKey, Reservation, checksum, chunk_checksums
+from cachefs.cache.base import BlockKey, Reservation, block_checksums
 from cachefs.cache.index import BlockIndex, Entry, IndexWriter, TotalsDelta
 from cachefs.cache.stamps import AccessStamps
 from cachefs.cache.tier import Tier, unlink_if_present
@@ -59,7 +59,7 @@ class Admission:
     # only under ``_lock``).
     _lock: threading.Lock
     _nothing_in_flight: threading.Condition
-    _in_flight: dict[bytes, threading.Event]
+    _in_flight: dict[bytes, threading.Event | None]  # an event once another thread waits
     _closed: bool
     _index_dir: str
     _index: BlockIndex
@@ -100,7 +100,7 @@ class Admission:
             footprint = tier.footprint(len(data))
             # From the bytes being admitted, not from the file: every later read is checked
             # against what was handed to put().
-            block_checksum, chunk_sums = checksum(data), chunk_checksums(data)
+            block_checksum, chunk_sums = block_checksums(data)
             file_id = self._stamps.next()
             try:
                 tier.write_block(raw, file_id, data)
@@ -116,19 +116,26 @@ class Admission:
             self._release_claim(raw)
 
     def _claim(self, raw: bytes) -> threading.Event | None:
-        """Become the one thread storing or moving ``raw`` (returns None), or get the event of
-        the thread that already is."""
+        """Become the one thread storing or moving ``raw`` (returns None), or get the event
+        the thread that already is sets when it is done. The event is made only when a second
+        thread asks: almost every claim has none waiting, and an Event (a Condition and its
+        lock) per admitted block was a visible part of the preload's admission CPU."""
         with self._lock:
             if self._closed:
                 raise CacheClosed(f"block cache {self._index_dir} is closed")
-            other_writer = self._in_flight.get(raw)
+            if raw not in self._in_flight:
+                self._in_flight[raw] = None
+                return None
+            other_writer = self._in_flight[raw]
             if other_writer is None:
-                self._in_flight[raw] = threading.Event()
+                other_writer = self._in_flight[raw] = threading.Event()
             return other_writer
 
     def _release_claim(self, raw: bytes) -> None:
         with self._lock:
-            self._in_flight.pop(raw).set()
+            waiting = self._in_flight.pop(raw)
+            if waiting is not None:
+                waiting.set()
             if not self._in_flight:
                 self._nothing_in_flight.notify_all()
 

@@ -105,7 +105,7 @@ class TieredBlockCache(Admission):
         self._lock = threading.Lock()
         self._nothing_in_flight = threading.Condition(self._lock)
         # Keys being stored or moved right now → event set when done (one writer per key).
-        self._in_flight: dict[bytes, threading.Event] = {}
+        self._in_flight: dict[bytes, threading.Event | None] = {}
         self._closed = False
         self._admitted = self._refused = self._evicted = self._corrupt = self._missing = 0
         self._thread_buffers = threading.local()  # open_verified's check buffers
