@@ -1,0 +1,28 @@
+"""bench/page_cost.py run small on a real directory: every row measured, the new-page cost
+derived from them, free page reporting read from this kernel's /sys when it has it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from bench import page_cost
+
+
+def test_a_small_run_measures_every_row_and_reads_the_kernels_reporting(tmp_path, capsys):
+    assert page_cost.main(["--files", "20", "--size", "10000", "--dir", str(tmp_path),
+                           "--repeats", "2"]) == 0  # fmt: skip
+    out, table = capsys.readouterr()
+    result = json.loads(out)
+    assert result["pages"] == -(-10000 // page_cost.PAGE)
+    for name in ("create_write", "overwrite", "anon"):
+        assert len(result["all_us_per_op"][name]) == 2
+        assert result["rows"][name]["us_per_op"] == min(result["all_us_per_op"][name]) > 0
+        assert f"| {name} |" in table
+    rows = result["rows"]
+    expected = (rows["create_write"]["us_per_op"] - rows["overwrite"]["us_per_op"]) / result[
+        "pages"
+    ]
+    assert result["new_page_us"] == expected
+    assert result["page_reporting"]["on"] == os.path.isdir(page_cost.REPORTING)
+    assert os.listdir(tmp_path) == []  # its scratch files are gone
