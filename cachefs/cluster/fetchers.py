@@ -52,6 +52,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import random
 import select
 import signal
 import struct
@@ -69,6 +70,7 @@ from cachefs.errors import CachefsError, StoreError
 from cachefs.store import ObjectStore, StoreConfig, open_store, parse_uri
 from cachefs.store.concurrency import PRELOAD_BOUNDS, throttled_tries
 from cachefs.store.get_loop import GetLoop
+from cachefs.store.retry import backoff_s
 from cachefs.store.s3 import LEAN_GETS, S3Store
 from cachefs.store.s3_bulk import S3BulkReader
 from cachefs.threads import LazyThreads
@@ -368,16 +370,19 @@ def _answer_fetched(
 
 def _loop_reader(request: FetchRequest, lean_s3: bool) -> S3BulkReader | None:
     """The lean client whose GET of ``request`` the process's GET loop may send, or None: the
-    request goes to a thread (not S3, boto3, a large block, or a client that cannot open:
-    the thread's :func:`fetch_range` reports that)."""
+    request goes to a thread (not S3, boto3, a large block, or a store or client not open yet:
+    opening one may wait on the network, a credentials provider, retries, so a thread's
+    :func:`fetch_range` does it, and reports why it could not). Never blocks."""
     config, _, _, length, _ = request
     if not lean_s3 or not 0 < length <= LOOP_MAX_BYTES:
         return None
-    try:
-        store = _store(config, lean_s3)
-        return store.bulk_reader() if isinstance(store, S3Store) else None
-    except CachefsError:
+    if not _stores_lock.acquire(blocking=False):  # a thread is opening a store
         return None
+    try:
+        store = _stores.get((config, lean_s3))
+    finally:
+        _stores_lock.release()
+    return store.opened_bulk_reader() if isinstance(store, S3Store) else None
 
 
 def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
@@ -396,7 +401,10 @@ def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
             for message in messages:
                 conn.send_bytes(message)
 
-    def answer(number: int, request: FetchRequest, path: str | None, throttled: bool) -> None:
+    def answer(
+        number: int, request: FetchRequest, path: str | None, throttled: bool, after_s: float
+    ) -> None:
+        time.sleep(after_s)  # a try the store answered "slow down": its backoff
         try:
             messages = _answer(number, request, path, lean_s3, throttled)
         except Exception as exc:  # a bug here must still answer: the worker waits for each one
@@ -413,7 +421,7 @@ def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
             number, request, path = _decode_request(message, configs)
             reader = _loop_reader(request, lean_s3)
             if reader is None:
-                answers.submit((number, request, path, False))
+                answers.submit((number, request, path, False, 0.0))
             else:
                 _, key, offset, length, etag = request
                 try:
@@ -421,7 +429,7 @@ def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
                     in_loop[number] = (request, path)
                 except Exception:  # it could not be signed (credentials that will not refresh,
                     # say): the ordinary read on a thread reports why
-                    answers.submit((number, request, path, False))
+                    answers.submit((number, request, path, False, 0.0))
         elif kind == _CONFIG:
             config_number, config = pickle.loads(message[1:])
             configs[config_number] = config
@@ -441,7 +449,9 @@ def serve(conn: Connection, owner: int, threads: int, lean_s3: bool) -> None:
         for number, body, throttled in loop.poll():
             request, path = in_loop.pop(number)
             if body is None:  # not done there: the ordinary read, on a thread
-                answers.submit((number, request, path, throttled))
+                # After "slow down", its first try waits a backoff (the policy's first).
+                after_s = backoff_s(request[0].retry, 1, random.random) if throttled else 0.0
+                answers.submit((number, request, path, throttled, after_s))
                 continue
             messages: list[bytes | bytearray]
             try:
@@ -473,7 +483,8 @@ class _Fetcher:
         self.pending: dict[int, Future[Any]] = {}  # Fetched or Written
         self._config_numbers: dict[StoreConfig, int] = {}  # the configurations sent
         self.alive = True
-        self._lock = threading.Lock()  # pending, alive, and one request at a time on the pipe
+        self._lock = threading.Lock()  # pending, alive
+        self._send_lock = threading.Lock()  # one request at a time on the pipe
         self._reader = threading.Thread(
             target=self._read_answers, name="cachefs-fetch-answers", daemon=True
         )
@@ -486,6 +497,10 @@ class _Fetcher:
         with self._lock:
             if not self.alive:
                 raise FetchFailed("the fetcher process has exited (or the pool was closed)")
+            self.pending[number] = future  # before it is sent: the answer may come at once
+        # Sent under a lock of its own: the answers' reader takes _lock for each answer, and
+        # must never wait behind a send waiting for the fetcher, which may be sending answers.
+        with self._send_lock:
             try:
                 config_number = self._config_numbers.get(request[0])
                 if config_number is None:
@@ -493,8 +508,9 @@ class _Fetcher:
                     self.conn.send_bytes(_CONFIG + pickle.dumps((config_number, request[0])))
                 self.conn.send_bytes(_encode_request(number, config_number, request, path))
             except OSError:  # the process is gone; its reader thread notices too
+                with self._lock:
+                    self.pending.pop(number, None)
                 raise FetchFailed("the fetcher process has exited") from None
-            self.pending[number] = future
         return future
 
     def _read_answers(self) -> None:
@@ -527,6 +543,7 @@ class _Fetcher:
         pipe closed under a blocked reader could be reused by another file)."""
         with self._lock:
             self.alive = False
+        with self._send_lock:
             try:
                 self.conn.send_bytes(_STOP)
             except OSError:

@@ -13,7 +13,7 @@ that an inline first try has (cachefs/store/retry.py: the connect and the head w
 ``hedge_after_s``, no pause in the body longer than ``attempt_timeout_s``):
 
 - an answer ``206`` (or ``200`` for a range from offset 0) whose ``Content-Length`` is the
-  length asked and whose ETag (if any) is the one asked for: the bytes;
+  length asked and whose ETag, when it sends one, is the one asked for: the bytes;
 - an S3 error answer (a status of 300 or more, its XML body framed by ``Content-Length``) that
   is permanent — no such key, the object changed, credentials refused: the very error
   :meth:`S3BulkReader.get_range <cachefs.store.s3_bulk.S3BulkReader.get_range>` raises for it
@@ -23,10 +23,13 @@ that an inline first try has (cachefs/store/retry.py: the connect and the head w
 Anything else — a refused or slow connect, a transient error answer (5xx, "slow down"),
 another length, chunked coding, a changed ETag on a 2xx, a stall, a body cut short — ends the
 try *not done here*: the caller then reads the range through ``get_range``, with its retries,
-hedges, backoff and one-line errors, as a read whose inline first try failed goes on. A
-"slow down" answer marks the try *throttled*, for the caller's adaptive limit. A request on a
-kept connection that the store closed while it was idle (no byte of an answer seen) is sent
-once more on a new connection, as :class:`~cachefs.store.http1.Http1Pool` does.
+hedges, backoff and one-line errors. That read starts anew (its own tries and deadline, so a
+range can take up to the loop's try longer than ``deadline_s``), as a stalled try is replaced
+at once; a "slow down" answer marks the try *throttled*, for the caller's adaptive limit and
+for a backoff before that read (cachefs/cluster/fetchers.py). A request on a kept connection
+that the store closed while it was idle (no byte of an answer seen) is sent once more on a new
+connection, as :class:`~cachefs.store.http1.Http1Pool` does, and a kept connection is reused
+only while it has nothing to read: bytes past the last answer would be taken for the next.
 
 Connects (TCP and, for ``https``, the TLS handshake) are non-blocking too: a slow store
 holds up only the tries waiting for it. The caller's other file descriptors (a fetcher's
@@ -83,6 +86,7 @@ class _Try:
 class _Connection:
     sock: socket.socket
     origin: Origin
+    address: Any  # the socket address it connects to
     state: str = "connecting"  # connecting | handshake | idle | head | body
     status: int = 0  # of the answer being read
     reused: bool = False
@@ -107,6 +111,7 @@ class GetLoop:
         self._selector = selectors.DefaultSelector()
         self._connections: set[_Connection] = set()
         self._idle: dict[Origin, list[_Connection]] = {}  # kept connections, by origin
+        self._good_address: dict[Origin, Any] = {}  # the address that last connected
         self._waiting: deque[_Try] = deque()
         self._ended: list[Outcome] = []
 
@@ -169,6 +174,9 @@ class GetLoop:
             connection: _Connection | None
             if self._idle.get(origin):
                 connection = self._idle[origin].pop()
+                if not _quiet(connection.sock):  # bytes past an answer, or closed: not reused
+                    self._drop(connection)
+                    continue
             elif len(self._connections) < self._max_connections:
                 connection = self._connect(origin)
             elif other := next((c for kept in self._idle.values() for c in kept), None):
@@ -182,25 +190,34 @@ class GetLoop:
                 self._begin(connection, self._waiting.popleft())
 
     def _connect(self, origin: Origin) -> _Connection | None:
+        """A new connection on its way to ``origin``; None if none could be started. The name
+        is resolved on this thread (connections are kept, so this is rare); its addresses are
+        tried in turn, the one that last connected first (a host whose first address is one
+        it does not listen on, say IPv6, costs that address once, not every connection)."""
         host, port, _ = origin
         try:
-            # The name is resolved on this thread (connections are kept, so this is rare).
-            family, kind, proto, _, address = socket.getaddrinfo(
-                host, port, type=socket.SOCK_STREAM
-            )[0]
-            sock = socket.socket(family, kind, proto)
-        except OSError:  # a name that does not resolve, say
+            addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):  # a name that does not resolve, say
             return None
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            code = sock.connect_ex(address)
-        except OSError:
-            code = -1
-        if code not in (0, errno.EINPROGRESS):
+        good = self._good_address.get(origin)
+        addresses.sort(key=lambda found: found[4] != good)
+        for family, kind, proto, _, address in addresses:
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:
+                continue
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                code = sock.connect_ex(address)
+            except OSError:
+                code = -1
+            if code in (0, errno.EINPROGRESS):
+                break
             sock.close()
+        else:
             return None
-        connection = _Connection(sock, origin, want_write=True)
+        connection = _Connection(sock, origin, address, want_write=True)
         self._connections.add(connection)
         self._selector.register(sock, selectors.EVENT_WRITE, connection)
         return connection
@@ -219,7 +236,10 @@ class GetLoop:
             if connection.state == "connecting":
                 code = connection.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if code:
+                    if self._good_address.get(connection.origin) == connection.address:
+                        del self._good_address[connection.origin]  # try another one next
                     raise OSError(code, "connect failed")
+                self._good_address[connection.origin] = connection.address
                 host, _, tls = connection.origin
                 if tls is not None:
                     # Wrapping detaches the plain socket: the selector must watch the new one.
@@ -287,7 +307,7 @@ class GetLoop:
                         return self._stale_or_not_done(connection)
                     connection.head += data
                     self._read_head(connection)  # may end the try, or start its body
-                if connection.attempt is not None:
+                if connection.attempt is not None and connection.state == "body":
                     connection.deadline = time.monotonic() + connection.attempt.stall_timeout_s
             except (BlockingIOError, ssl.SSLWantReadError):
                 return
@@ -361,7 +381,7 @@ class GetLoop:
         if (
             attempt is not None
             and connection.reused
-            and connection.state == "head"
+            and connection.state in ("idle", "head")  # failed at the send, or before any byte
             and not connection.head
             and not attempt.resent
         ):
@@ -388,3 +408,23 @@ class GetLoop:
         except (KeyError, ValueError):
             pass
         connection.sock.close()
+
+
+def _quiet(sock: socket.socket) -> bool:
+    """Whether a kept connection has nothing to read (no bytes past the last answer, no end):
+    only then may it carry another request, whose answer must be the first bytes it reads."""
+    if isinstance(sock, ssl.SSLSocket):
+        if sock.pending():
+            return False
+        sock = socket.socket(fileno=sock.fileno())  # the same socket, to peek at its raw bytes
+        try:
+            return _quiet(sock)
+        finally:
+            sock.detach()
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False  # a byte, or the end of the connection

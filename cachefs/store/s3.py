@@ -258,11 +258,14 @@ class S3Store(S3Calls):
         except (StoreError, ConfigError) as exc:  # left unopened: the first GET raises it again
             log.debug("lean GET client for %s not opened yet: %s", self.description, exc)
 
-    def bulk_reader(self) -> S3BulkReader | None:
-        """The lean GET client :meth:`get_range` reads through (opened now), or None where
-        ranged GETs go through boto3; raises as :meth:`get_range` would where it cannot be
-        opened. For callers that send its GETs themselves (cachefs/store/get_loop.py)."""
-        return self._lean_reader()
+    def opened_bulk_reader(self) -> S3BulkReader | None:
+        """The lean GET client :meth:`get_range` reads through if it is open already, else
+        None (boto3's GETs, or not opened yet): it never opens it, which may wait on a
+        credentials provider. For callers that send its GETs themselves on a thread that must
+        not block (cachefs/store/get_loop.py); the first GET through :meth:`get_range` opens
+        it."""
+        lean = self._lean
+        return None if lean is _NOT_OPENED else lean
 
     def _lean_reader(self) -> S3BulkReader | None:
         """The lean GET client, opened on first use; None where it cannot serve this source

@@ -102,13 +102,17 @@ def test_a_missing_object_fails_with_the_stores_own_error(source):
 
 
 def test_which_requests_go_to_the_loop(source, tmp_path):
-    """The small blocks of sources read with the lean client; the rest go to threads."""
-    from cachefs.cluster.fetchers import LOOP_MAX_BYTES, _loop_reader
+    """The small blocks of sources read with the lean client, once a thread has opened it
+    (opening may wait on the network: never on the loop's thread); the rest go to threads."""
+    from cachefs.cluster.fetchers import LOOP_MAX_BYTES, _loop_reader, fetch_range
     from cachefs.store.s3_bulk import S3BulkReader
 
-    config, _objects, _etags, _pool = source
+    config, objects, etags, _pool = source
     local = StoreConfig(f"file://{tmp_path}")
     try:
+        assert _loop_reader((config, "k", 0, 100, "e"), True) is None  # not opened yet
+        data, _ = fetch_range(config, KEYS[0], 0, 10, etags[KEYS[0]])  # a thread's first GET
+        assert data == objects[KEYS[0]][:10]
         assert isinstance(_loop_reader((config, "k", 0, 100, "e"), True), S3BulkReader)
         assert isinstance(_loop_reader((config, "k", 0, LOOP_MAX_BYTES, "e"), True), S3BulkReader)
         assert _loop_reader((config, "k", 0, LOOP_MAX_BYTES + 1, "e"), True) is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import socket
 import ssl
 import time
@@ -312,3 +313,34 @@ def test_watched_files_are_served_by_the_same_poll(serve):
         loop.close()
         os.close(readable)
         os.close(writable)
+
+
+def test_a_kept_connection_holding_bytes_past_its_answer_is_not_reused(serve):
+    """A store (or proxy) that sends more than the answer: the bytes left on the connection
+    would be read as the next request's answer. Here they are a whole forged answer of the
+    right length, so reusing the connection would hand back wrong bytes."""
+    data = os.urandom(200_000)  # longer than a head's receive: the body is read to its end only
+    objects = {"/bucket/big": data}
+    honest = ranged(objects)
+    forged = (
+        f"HTTP/1.1 206 Partial Content\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + b"X" * len(data)
+    )
+
+    def answer_and_more(head: bytes) -> tuple[bytes, bool]:
+        reply, _ = honest(head)
+        return reply + forged, False
+
+    server, reader = serve([answer_and_more, honest])
+    loop = GetLoop(connections=1)
+    try:
+        loop.submit(1, reader, "big", 0, len(data), None)
+        assert run(loop, 1)[1][1] == data
+        # The forged bytes have reached the kept connection (bounded wait on that state).
+        [kept] = [c for kept in loop._idle.values() for c in kept]
+        assert select.select([kept.sock], [], [], WAIT_S)[0]
+        loop.submit(2, reader, "big", 0, len(data), None)
+        assert run(loop, 1)[2][1] == data  # from a new connection, not the forged answer
+        assert server.connections == 2
+    finally:
+        loop.close()
