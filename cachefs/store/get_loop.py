@@ -87,6 +87,7 @@ class _Connection:
     sock: socket.socket
     origin: Origin
     address: Any  # the socket address it connects to
+    candidates: list[tuple[Any, Any, Any, Any]]  # the addresses not tried yet
     state: str = "connecting"  # connecting | handshake | idle | head | body
     status: int = 0  # of the answer being read
     reused: bool = False
@@ -112,6 +113,7 @@ class GetLoop:
         self._connections: set[_Connection] = set()
         self._idle: dict[Origin, list[_Connection]] = {}  # kept connections, by origin
         self._good_address: dict[Origin, Any] = {}  # the address that last connected
+        self._failed_address: dict[Origin, Any] = {}  # the one that last failed to
         self._waiting: deque[_Try] = deque()
         self._ended: list[Outcome] = []
 
@@ -192,35 +194,39 @@ class GetLoop:
     def _connect(self, origin: Origin) -> _Connection | None:
         """A new connection on its way to ``origin``; None if none could be started. The name
         is resolved on this thread (connections are kept, so this is rare); its addresses are
-        tried in turn, the one that last connected first (a host whose first address is one
-        it does not listen on, say IPv6, costs that address once, not every connection)."""
+        tried in turn, as ``socket.create_connection`` does, the one that last connected first
+        and the one that last failed (refused, or timed out) last."""
         host, port, _ = origin
         try:
-            addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError):  # a name that does not resolve, say
             return None
-        good = self._good_address.get(origin)
-        addresses.sort(key=lambda found: found[4] != good)
-        for family, kind, proto, _, address in addresses:
-            try:
-                sock = socket.socket(family, kind, proto)
-            except OSError:
-                continue
-            try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                code = sock.connect_ex(address)
-            except OSError:
-                code = -1
-            if code in (0, errno.EINPROGRESS):
-                break
-            sock.close()
-        else:
+        good, failed = self._good_address.get(origin), self._failed_address.get(origin)
+        found.sort(key=lambda entry: 0 if entry[4] == good else 2 if entry[4] == failed else 1)
+        candidates = [(family, kind, proto, address) for family, kind, proto, _, address in found]
+        started = _start_connect(candidates)
+        if started is None:
             return None
-        connection = _Connection(sock, origin, address, want_write=True)
+        sock, address = started
+        connection = _Connection(sock, origin, address, candidates, want_write=True)
         self._connections.add(connection)
         self._selector.register(sock, selectors.EVENT_WRITE, connection)
         return connection
+
+    def _next_address(self, connection: _Connection) -> bool:
+        """The connect failed: go on to the next address, if there is one (True)."""
+        self._failed_address[connection.origin] = connection.address
+        if self._good_address.get(connection.origin) == connection.address:
+            del self._good_address[connection.origin]
+        self._selector.unregister(connection.sock)
+        connection.sock.close()
+        started = _start_connect(connection.candidates)
+        if started is None:
+            self._connections.discard(connection)
+            return False
+        connection.sock, connection.address = started
+        self._selector.register(connection.sock, selectors.EVENT_WRITE, connection)
+        return True
 
     def _begin(self, connection: _Connection, attempt: _Try) -> None:
         connection.attempt = attempt
@@ -236,8 +242,8 @@ class GetLoop:
             if connection.state == "connecting":
                 code = connection.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if code:
-                    if self._good_address.get(connection.origin) == connection.address:
-                        del self._good_address[connection.origin]  # try another one next
+                    if self._next_address(connection):
+                        return
                     raise OSError(code, "connect failed")
                 self._good_address[connection.origin] = connection.address
                 host, _, tls = connection.origin
@@ -393,6 +399,10 @@ class GetLoop:
         self._not_done(connection)
 
     def _not_done(self, connection: _Connection, *, throttled: bool = False) -> None:
+        if connection.state == "connecting":  # timed out: another address first next time
+            if self._good_address.get(connection.origin) == connection.address:
+                del self._good_address[connection.origin]
+            self._failed_address[connection.origin] = connection.address
         if connection.attempt is not None:
             self._ended.append((connection.attempt.tag, None, throttled))
             connection.attempt = None
@@ -408,6 +418,29 @@ class GetLoop:
         except (KeyError, ValueError):
             pass
         connection.sock.close()
+
+
+def _start_connect(
+    candidates: list[tuple[Any, Any, Any, Any]],
+) -> tuple[socket.socket, Any] | None:
+    """A non-blocking connect started to the first of ``candidates`` that takes one (each
+    tried is removed from the list), or None when none does."""
+    while candidates:
+        family, kind, proto, address = candidates.pop(0)
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:
+            continue
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            code = sock.connect_ex(address)
+        except OSError:
+            code = -1
+        if code in (0, errno.EINPROGRESS):
+            return sock, address
+        sock.close()
+    return None
 
 
 def _quiet(sock: socket.socket) -> bool:

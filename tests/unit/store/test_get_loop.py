@@ -344,3 +344,35 @@ def test_a_kept_connection_holding_bytes_past_its_answer_is_not_reused(serve):
         assert server.connections == 2
     finally:
         loop.close()
+
+
+def test_every_address_of_the_name_is_tried_and_the_good_one_first(serve, monkeypatch):
+    """A name whose first address refuses (127.0.0.2: the server listens on 127.0.0.1 only):
+    the connect goes on to the next address, and later connections start with the one that
+    worked."""
+    data = OBJECTS["/bucket/obj/2"]
+    server, reader = serve([ranged(OBJECTS)])
+    resolve = socket.getaddrinfo
+    asked: list[tuple] = []
+
+    def two_addresses(host, port, *args, **kwargs):
+        if host != "127.0.0.1" or port != server.port:
+            return resolve(host, port, *args, **kwargs)
+        asked.append((host, port))
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.2", port)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    loop = GetLoop(connections=3)
+    try:
+        for n in range(3):  # three at once: three connections
+            loop.submit(n, reader, "obj/2", 0, len(data), None)
+        ended = run(loop, 3)
+        assert all(body == data for _, body, _ in ended.values())
+        assert len(asked) == 3
+        assert server.connections == 3
+        assert loop._good_address and loop._failed_address  # as the next connect sorts them
+    finally:
+        loop.close()
