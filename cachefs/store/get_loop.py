@@ -370,7 +370,7 @@ class GetLoop:
             self._ended.append((attempt.tag, connection.body, False))
         else:
             error = attempt.reader.answer_error(connection.status, connection.body, attempt.key)
-            if error.transient:  # retried, with its backoff, by the ordinary path
+            if error.transient:  # retried by the ordinary path (after a backoff if throttled)
                 self._ended.append((attempt.tag, None, isinstance(error, StoreThrottled)))
             else:
                 self._ended.append((attempt.tag, error, False))
