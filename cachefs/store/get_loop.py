@@ -50,13 +50,10 @@ from typing import Any
 
 from cachefs.errors import StoreError, StoreThrottled
 from cachefs.store.http1 import MAX_HEAD_BYTES, MalformedAnswer, parse_head
-from cachefs.store.s3_bulk import S3BulkReader
+from cachefs.store.s3_bulk import ERROR_BODY_LIMIT, S3BulkReader
 
 #: Bytes asked of the socket per receive while reading a head (a body is received in place).
 _HEAD_RECV_BYTES = 64 * 1024
-
-#: Error answers longer than this are not read here (S3's are a few hundred bytes).
-_ERROR_BODY_LIMIT = 64 * 1024
 
 #: How a try ended: (tag, the body's bytes, or the store's error for a permanent error answer,
 #: or None when it was not done here; throttled).
@@ -161,6 +158,12 @@ class GetLoop:
         ended, self._ended = self._ended, []
         return ended
 
+    def __enter__(self) -> GetLoop:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Close every connection; tries not ended are dropped."""
         for connection in list(self._connections):
@@ -215,9 +218,7 @@ class GetLoop:
 
     def _next_address(self, connection: _Connection) -> bool:
         """The connect failed: go on to the next address, if there is one (True)."""
-        self._failed_address[connection.origin] = connection.address
-        if self._good_address.get(connection.origin) == connection.address:
-            del self._good_address[connection.origin]
+        self._connect_failed(connection)
         self._selector.unregister(connection.sock)
         connection.sock.close()
         started = _start_connect(connection.candidates)
@@ -227,6 +228,12 @@ class GetLoop:
         connection.sock, connection.address = started
         self._selector.register(connection.sock, selectors.EVENT_WRITE, connection)
         return True
+
+    def _connect_failed(self, connection: _Connection) -> None:
+        """Its address is tried last by the next connection to its origin."""
+        self._failed_address[connection.origin] = connection.address
+        if self._good_address.get(connection.origin) == connection.address:
+            del self._good_address[connection.origin]
 
     def _begin(self, connection: _Connection, attempt: _Try) -> None:
         connection.attempt = attempt
@@ -339,7 +346,7 @@ class GetLoop:
             return self._not_done(connection, throttled=status == 503)
         length = int(announced)
         if status >= 300:  # an error answer: its body says which
-            if length > _ERROR_BODY_LIMIT:
+            if length > ERROR_BODY_LIMIT:  # not read here (S3's are a few hundred bytes)
                 return self._not_done(connection, throttled=status == 503)
         else:
             returned_etag = headers.get("etag")
@@ -399,10 +406,8 @@ class GetLoop:
         self._not_done(connection)
 
     def _not_done(self, connection: _Connection, *, throttled: bool = False) -> None:
-        if connection.state == "connecting":  # timed out: another address first next time
-            if self._good_address.get(connection.origin) == connection.address:
-                del self._good_address[connection.origin]
-            self._failed_address[connection.origin] = connection.address
+        if connection.state == "connecting":  # timed out
+            self._connect_failed(connection)
         if connection.attempt is not None:
             self._ended.append((connection.attempt.tag, None, throttled))
             connection.attempt = None

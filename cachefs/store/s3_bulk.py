@@ -80,7 +80,7 @@ PROBE_KEY = "cachefs-bulk-probe"
 #: The error code in an S3 error answer's XML body (small; a regular expression is enough).
 _ERROR_CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 #: How much of an error answer's body is read to find its code.
-_ERROR_BODY_LIMIT = 64 * 1024
+ERROR_BODY_LIMIT = 64 * 1024
 
 
 class BulkClientUnsupported(Exception):
@@ -206,10 +206,7 @@ class S3BulkReader(S3Calls):
         try:
             attempt.check_abandoned()
             if response.status >= 300:
-                code = _error_code(response.read(_ERROR_BODY_LIMIT))
-                raise error_for_answer(
-                    response.status, code, key=key, dataset=self._dataset, store=self.description
-                )
+                raise self.answer_error(response.status, response.read(ERROR_BODY_LIMIT), key)
             # A store that ignores If-Match must still not hand us another version's bytes.
             returned_etag = response.headers.get("etag")
             if etag is not None and returned_etag is not None and returned_etag.strip('"') != etag:

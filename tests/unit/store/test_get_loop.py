@@ -15,6 +15,7 @@ import select
 import socket
 import ssl
 import time
+from contextlib import closing
 
 import pytest
 
@@ -87,8 +88,7 @@ def run(loop: GetLoop, expected: int) -> dict[object, Outcome]:
 
 def test_many_gets_in_flight_come_back_byte_for_byte_on_kept_connections(serve):
     server, reader = serve([ranged(OBJECTS)])
-    loop = GetLoop(connections=3)
-    try:
+    with GetLoop(connections=3) as loop:
         wanted = {}
         for round_ in range(4):  # ranges from 0 and from inside, every object, 4 times
             for path, data in OBJECTS.items():
@@ -107,8 +107,6 @@ def test_many_gets_in_flight_come_back_byte_for_byte_on_kept_connections(serve):
         assert len(server.requests) == len(wanted)
         # The requests are the lean client's, signed.
         assert all(b"\r\nAuthorization: AWS4-HMAC-SHA256 " in head for head in server.requests)
-    finally:
-        loop.close()
 
 
 @pytest.mark.parametrize(
@@ -140,13 +138,10 @@ def test_many_gets_in_flight_come_back_byte_for_byte_on_kept_connections(serve):
 )
 def test_answers_the_loop_does_not_finish_are_left_to_the_ordinary_path(serve, reply):
     _server, reader = serve([raw(reply, close=True)])
-    loop = GetLoop(connections=2)
-    try:
+    with GetLoop(connections=2) as loop:
         loop.submit("t", reader, "obj/0", 7, 3, "etag")
         assert run(loop, 1)["t"] == ("t", None, False)
         assert loop.tries == 0
-    finally:
-        loop.close()
 
 
 def s3_error(status: int, code: str) -> bytes:
@@ -162,8 +157,7 @@ def test_a_permanent_error_answer_is_the_stores_own_error_after_one_request(serv
     """The error get_range raises for the same answer, class and one line, and the connection
     is kept (the body was read whole)."""
     server, reader = serve([raw(s3_error(status, code), close=False)])
-    loop = GetLoop(connections=1)
-    try:
+    with GetLoop(connections=1) as loop:
         for n in range(2):
             loop.submit(n, reader, "obj/0", 0, 3, "etag")
             _tag, error, throttled = run(loop, 1)[n]
@@ -174,18 +168,13 @@ def test_a_permanent_error_answer_is_the_stores_own_error_after_one_request(serv
             assert str(error) == str(direct.value)
         assert len(server.requests) == 4  # two from the loop, two from get_range
         assert server.connections == 2  # the loop's kept its one
-    finally:
-        loop.close()
 
 
 def test_a_slow_down_is_not_done_and_marked_throttled(serve):
     _server, reader = serve([raw(s3_error(503, "SlowDown"), close=False)])
-    loop = GetLoop(connections=2)
-    try:
+    with GetLoop(connections=2) as loop:
         loop.submit("t", reader, "obj/0", 0, 3, None)
         assert run(loop, 1)["t"] == ("t", None, True)
-    finally:
-        loop.close()
 
 
 def test_a_kept_connection_the_server_closed_is_replaced_once_and_connection_close_honoured(
@@ -198,36 +187,27 @@ def test_a_kept_connection_the_server_closed_is_replaced_once_and_connection_clo
         return closing(head)[0], True  # closes without saying so
 
     server, reader = serve([answer_then_close])
-    loop = GetLoop(connections=1)
-    try:
+    with GetLoop(connections=1) as loop:
         for n in range(3):  # each on the kept connection, found closed, sent again on a new one
             loop.submit(n, reader, "obj/1", 0, len(data), None)
             assert run(loop, 1)[n][1] == data
         assert server.connections == 3
         assert len(server.requests) == 3  # no request was lost on a closed connection
-    finally:
-        loop.close()
     server, reader = serve([ranged(OBJECTS, "Connection: close")])
-    loop = GetLoop(connections=1)
-    try:
+    with GetLoop(connections=1) as loop:
         for n in range(2):
             loop.submit(n, reader, "obj/1", 0, len(data), None)
             assert run(loop, 1)[n][1] == data
         assert server.connections == 2  # not kept: it said so
-    finally:
-        loop.close()
 
 
 def test_a_silent_server_and_a_refused_port_end_the_try_not_done(serve):
     # A server that reads the request and never answers: the try ends after the head bound.
     silent = lambda _head: (b"", False)  # noqa: E731
     _server, reader = serve([silent], retry=RetryPolicy(first_byte_timeout_s=0.4))
-    loop = GetLoop(connections=1)
-    try:
+    with GetLoop(connections=1) as loop:
         loop.submit("silent", reader, "obj/0", 0, 3, None)
         assert run(loop, 1)["silent"] == ("silent", None, False)
-    finally:
-        loop.close()
     free = socket.socket()  # a port nothing listens on
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
@@ -235,29 +215,23 @@ def test_a_silent_server_and_a_refused_port_end_the_try_not_done(serve):
     refused = S3BulkReader(
         StoreConfig("s3://bucket/", endpoint=f"http://127.0.0.1:{port}", dataset="ds")
     )
-    loop = GetLoop(connections=1)
-    try:
+    with GetLoop(connections=1) as loop, closing(refused):
         loop.submit("refused", refused, "obj/0", 0, 3, None)
         assert loop.poll(timeout=WAIT_S) == [("refused", None, False)]
-    finally:
-        loop.close()
-        refused.close()
     # A name that does not resolve ends the try before any wait: the poll does not wait for
     # its files (in a fetcher, an idle pipe) before returning it.
     nowhere = S3BulkReader(
         StoreConfig("s3://bucket/", endpoint="http://nowhere.invalid:1", dataset="ds")
     )
-    loop = GetLoop(connections=1)
     readable, writable = os.pipe()
     try:
-        loop.watch(readable, lambda: None)
-        loop.submit("nowhere", nowhere, "obj/0", 0, 3, None)
-        started = time.monotonic()
-        assert loop.poll(timeout=WAIT_S) == [("nowhere", None, False)]
-        assert time.monotonic() - started < WAIT_S  # not the poll's bound: the try's end
+        with GetLoop(connections=1) as loop, closing(nowhere):
+            loop.watch(readable, lambda: None)
+            loop.submit("nowhere", nowhere, "obj/0", 0, 3, None)
+            started = time.monotonic()
+            assert loop.poll(timeout=WAIT_S) == [("nowhere", None, False)]
+            assert time.monotonic() - started < WAIT_S  # not the poll's bound: the try's end
     finally:
-        loop.close()
-        nowhere.close()
         os.close(readable)
         os.close(writable)
 
@@ -273,44 +247,34 @@ def test_over_tls_with_a_trusted_certificate_and_not_done_with_an_untrusted_one(
     try:
         monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
         reader = S3BulkReader(StoreConfig("s3://bucket/", endpoint=endpoint, dataset="ds"))
-        loop = GetLoop(connections=2)
-        try:
+        with GetLoop(connections=2) as loop, closing(reader):
             for path, data in OBJECTS.items():
                 loop.submit(path, reader, path.removeprefix("/bucket/"), 0, len(data), None)
             ended = run(loop, len(OBJECTS))
             assert {tag: body for tag, body, _ in ended.values()} == OBJECTS
             assert server.connections == 2
-        finally:
-            loop.close()
-            reader.close()
         monkeypatch.delenv("AWS_CA_BUNDLE")  # the default CAs: not our certificate
         stranger = S3BulkReader(StoreConfig("s3://bucket/", endpoint=endpoint, dataset="ds"))
-        loop = GetLoop(connections=1)
-        try:
+        with GetLoop(connections=1) as loop, closing(stranger):
             loop.submit("x", stranger, "obj/0", 0, 10, None)
             assert run(loop, 1)["x"] == ("x", None, False)
-        finally:
-            loop.close()
-            stranger.close()
     finally:
         server.close()
 
 
-def test_watched_files_are_served_by_the_same_poll(serve):
-    serve([ranged(OBJECTS)])
-    loop = GetLoop(connections=1)
+def test_watched_files_are_served_by_the_same_poll():
     readable, writable = os.pipe()
     seen: list[bytes] = []
     try:
-        loop.watch(readable, lambda: seen.append(os.read(readable, 100)))
-        os.write(writable, b"request")
-        deadline = time.monotonic() + WAIT_S
-        while not seen:
-            assert time.monotonic() < deadline
-            assert loop.poll(timeout=1.0) == []
-        assert seen == [b"request"]
+        with GetLoop(connections=1) as loop:
+            loop.watch(readable, lambda: seen.append(os.read(readable, 100)))
+            os.write(writable, b"request")
+            deadline = time.monotonic() + WAIT_S
+            while not seen:
+                assert time.monotonic() < deadline
+                assert loop.poll(timeout=1.0) == []
+            assert seen == [b"request"]
     finally:
-        loop.close()
         os.close(readable)
         os.close(writable)
 
@@ -332,8 +296,7 @@ def test_a_kept_connection_holding_bytes_past_its_answer_is_not_reused(serve):
         return reply + forged, False
 
     server, reader = serve([answer_and_more, honest])
-    loop = GetLoop(connections=1)
-    try:
+    with GetLoop(connections=1) as loop:
         loop.submit(1, reader, "big", 0, len(data), None)
         assert run(loop, 1)[1][1] == data
         # The forged bytes have reached the kept connection (bounded wait on that state).
@@ -342,8 +305,6 @@ def test_a_kept_connection_holding_bytes_past_its_answer_is_not_reused(serve):
         loop.submit(2, reader, "big", 0, len(data), None)
         assert run(loop, 1)[2][1] == data  # from a new connection, not the forged answer
         assert server.connections == 2
-    finally:
-        loop.close()
 
 
 def test_every_address_of_the_name_is_tried_and_the_good_one_first(serve, monkeypatch):
@@ -365,8 +326,7 @@ def test_every_address_of_the_name_is_tried_and_the_good_one_first(serve, monkey
         ]
 
     monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
-    loop = GetLoop(connections=3)
-    try:
+    with GetLoop(connections=3) as loop:
         for n in range(3):  # three at once: three connections
             loop.submit(n, reader, "obj/2", 0, len(data), None)
         ended = run(loop, 3)
@@ -374,5 +334,3 @@ def test_every_address_of_the_name_is_tried_and_the_good_one_first(serve, monkey
         assert len(asked) == 3
         assert server.connections == 3
         assert loop._good_address and loop._failed_address  # as the next connect sorts them
-    finally:
-        loop.close()
