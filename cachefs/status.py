@@ -6,6 +6,7 @@ coordinator sends it. (`cachefs stats`, the live view of these, is cachefs/stats
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Iterator
@@ -83,6 +84,12 @@ class WorkerStatus:
             "admission": self._config.admission,
             "promote": self._config.promote,
             "fuse_no_open": self._mount.no_open,
+            # The garbage collector as cachefs/worker.py tune_gc leaves it once serving.
+            "gc": {
+                "frozen_objects": gc.get_freeze_count(),
+                "thresholds": list(gc.get_threshold()),
+                "collections": [g["collections"] for g in gc.get_stats()],
+            },
             # The native READ path's counters; None when every READ is served in Python.
             "fuse_fast_read": None if self._fs.native is None else self._fs.native.stats(),
             "tiers": [fields_of(usage) for usage in self._cache.usage()],

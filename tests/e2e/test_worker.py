@@ -29,6 +29,9 @@ def test_readahead_is_applied_after_init_and_configurable(tmp_path):
         expected = min(1024, largest_read // 1024) if largest_read else 1024
         assert mount_readahead_kib(os.path.realpath(default.mount)) == expected
         assert mount_readahead_kib(os.path.realpath(custom.mount)) == 256
+        # Serving, the garbage collector is tuned (cachefs/worker.py tune_gc).
+        tuned = default.status()["gc"]
+        assert tuned["frozen_objects"] > 10_000  # the modules, parsers, clients of a worker
     finally:
         default.cleanup()
         custom.cleanup()
