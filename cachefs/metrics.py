@@ -82,6 +82,9 @@ class WorkerMetrics:
         self.preload_gets: Callable[[], dict[str, int]] = dict
         self.store_latency = LabeledHistograms()  # op -> seconds (including retries)
         self.store_bytes = 0
+        # Block GETs of reads that the GET loop's thread completed (cachefs/fs/blocks.py); the
+        # others ran on threads of their own.
+        self.store_gets_in_loop = 0
         # Adaptive store concurrency per purpose ("read", "preload"): a function returning the
         # limit's report (cachefs/store/concurrency.py: limit, peak, in_flight, throttled, ...)
         self.store_concurrency: dict[str, Callable[[], dict[str, int]]] = {}

@@ -251,6 +251,7 @@ class Node(WorkerAPI):
             await nursery.start(cluster.routing.peers.run)
             await nursery.start(cluster.peer_server.serve, peer_listener)
         await nursery.start(self.fs.reader.serve_readahead)
+        await nursery.start(self.fs.reader.serve_store_gets)
         await nursery.start(self.prefetcher.run)
         if cluster is not None:
             await nursery.start(cluster.preloader.run)

@@ -108,6 +108,7 @@ class WorkerStatus:
                     f"{op}:{outcome}": n for (op, outcome), n in m.store_request_counts().items()
                 },
                 "bytes": m.store_bytes,
+                "gets_in_loop": m.store_gets_in_loop,
                 # The adaptive limits on GETs in flight, per purpose ("read", "preload").
                 "concurrency": {
                     purpose: report() for purpose, report in m.store_concurrency.items()

@@ -69,7 +69,7 @@ from cachefs.cache.tier import write_new_file
 from cachefs.errors import CachefsError, StoreError
 from cachefs.store import ObjectStore, StoreConfig, open_store, parse_uri
 from cachefs.store.concurrency import PRELOAD_BOUNDS, throttled_tries
-from cachefs.store.get_loop import GetLoop
+from cachefs.store.get_loop import LOOP_MAX_BYTES, GetLoop
 from cachefs.store.retry import backoff_s
 from cachefs.store.s3 import LEAN_GETS, S3Store
 from cachefs.store.s3_bulk import S3BulkReader
@@ -81,11 +81,6 @@ log = logging.getLogger(__name__)
 #: however the requests spread over the processes (threads start only when needed).
 FETCHER_THREADS = PRELOAD_BOUNDS.ceiling
 
-#: Blocks of at most this many bytes whose source is read with the lean S3 client have their
-#: first try in the fetcher's GET loop (cachefs/store/get_loop.py), larger ones on a thread
-#: each: the loop saves the thread hand-offs of every GET, which count for the many small GETs
-#: of small files, while a large block's transfer and file write are better spread over threads.
-LOOP_MAX_BYTES = 1 << 20
 
 #: Whether fetchers read S3 sources with the lean bulk-GET client (cachefs/store/s3_bulk.py)
 #: rather than boto3: the store's own default; ``FetcherPool(lean_s3=...)`` overrides it.

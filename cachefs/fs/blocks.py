@@ -41,14 +41,16 @@ This is the heart of the read path (docs/architecture.md, "Read path"):
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
+import outcome
 import trio
 
 from cachefs.background import BackgroundTasks
@@ -64,14 +66,18 @@ from cachefs.store.concurrency import (
     ConcurrencyBounds,
     throttled_tries,
 )
-
-if TYPE_CHECKING:
-    import outcome  # trio's own dependency: the type of what a thread hands back
+from cachefs.store.get_loop import LOOP_MAX_BYTES
+from cachefs.store.get_thread import LoopGets
+from cachefs.store.retry import backoff_s
+from cachefs.store.s3 import S3Store
+from cachefs.store.s3_bulk import S3BulkReader
 
 log = logging.getLogger(__name__)
 
 #: Block keys remembered by a BlockReader (~200 bytes each).
 BLOCK_KEYS_KEPT = 4096
+#: How long a stopping reader waits for its GET loop's thread (it stops within a select).
+STOP_WAIT_S = 10.0
 
 T = TypeVar("T")
 
@@ -228,6 +234,9 @@ class BlockReader:
             purpose="read",
         )
         self._store_limiter = self.store_concurrency.limiter
+        # First tries of small store GETs on one thread (serve_store_gets runs it); the rest,
+        # and whatever it leaves undone, on threads of their own (_get_from_store).
+        self._loop_gets = LoopGets(connections=READ_BOUNDS.ceiling)
         metrics.store_concurrency["read"] = self.store_concurrency.report
         self._disk_limiter = trio.CapacityLimiter(limits.disk_threads)
         # Admissions at once, in whichever thread fetched the block (threads, not trio tasks).
@@ -295,6 +304,24 @@ class BlockReader:
     ) -> None:
         """Run read-ahead fetches until cancelled (the worker starts this in its nursery)."""
         await self._background.run(task_status=task_status)
+
+    async def serve_store_gets(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the thread of the store GETs' loop (cachefs/store/get_thread.py) until
+        cancelled; the worker starts this in its nursery. Without it, every GET runs on a
+        thread of its own."""
+        thread = threading.Thread(
+            target=self._loop_gets.run, name="cachefs-store-gets", daemon=True
+        )
+        thread.start()
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            self._loop_gets.stop()  # tries in flight come back "not done" first
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(thread.join, STOP_WAIT_S)
 
     def next_marker(self, source: DataSource, file: FileVersion, after: int) -> int | None:
         """The first block of ``file`` past block ``after`` whose first read must reach Python
@@ -602,30 +629,49 @@ class BlockReader:
         self, source: DataSource, file: FileVersion, index: int, *, admit_as: BlockKey | None
     ) -> tuple[bytes, str | None]:
         """The block from the store and, with ``admit_as``, the tier that admitted it under
-        that key (None: not admitted)."""
+        that key (None: not admitted). A small block of an S3 source has its first try in the
+        GET loop (:meth:`_get_in_loop`); anything else, and whatever the loop leaves undone,
+        runs the store's ``get_range`` on a thread."""
         start = index * source.block_size
         length = min(source.block_size, file.size - start)
         began = time.perf_counter()
         answered = began  # when the store's answer was in (set in the thread)
-        throttled_before = throttled_tries(source.store)
+        throttled = False  # the store answered "slow down" to a try of this GET
 
-        def get_and_admit() -> tuple[bytes, str | None]:
-            nonlocal answered
-            data = source.store.get_range(file.key, start, length, etag=file.etag)
+        def get_and_admit(after_s: float) -> tuple[bytes, str | None]:
+            nonlocal answered, throttled
+            time.sleep(after_s)  # after the loop's try was told "slow down": a backoff
+            before = throttled_tries(source.store)
+            try:
+                data = source.store.get_range(file.key, start, length, etag=file.etag)
+            finally:
+                throttled = throttled or throttled_tries(source.store) > before
             answered = time.perf_counter()
             if admit_as is None or len(data) != length:
                 return data, None
             return data, self._admit(admit_as, data)
 
         try:
-            data, admitted = await run_in_thread(get_and_admit, self._store_limiter)
+            got = None
+            reader = self._loop_reader(source, length)
+            if reader is not None:
+                async with self._store_limiter:
+                    got = await self._get_in_loop(reader, file, start, length, admit_as)
+                throttled = got.throttled
+                answered = got.answered
+            if got is not None and got.data is not None:
+                data, admitted = got.data, got.admitted
+                self.metrics.store_gets_in_loop += 1
+            else:
+                after_s = backoff_s(reader.retry, 1, random.random) if reader and throttled else 0
+                data, admitted = await run_in_thread(
+                    partial(get_and_admit, after_s), self._store_limiter
+                )
         except StoreError as exc:
             self.metrics.store_request("get", type(exc).__name__, time.perf_counter() - began)
-            self.store_concurrency.record(
-                throttled=throttled_tries(source.store) > throttled_before
-            )
+            self.store_concurrency.record(throttled=throttled)
             raise exc.with_context(dataset=source.dataset, key=file.key) from exc
-        self.store_concurrency.record(throttled=throttled_tries(source.store) > throttled_before)
+        self.store_concurrency.record(throttled=throttled)
         self.metrics.store_request("get", "ok", answered - began)
         if len(data) != length:  # the store contract forbids this; never serve it if it happens
             raise StoreIOError(
@@ -635,3 +681,65 @@ class BlockReader:
             )
         self.metrics.store_bytes += length
         return data, admitted
+
+    def _loop_reader(self, source: DataSource, length: int) -> S3BulkReader | None:
+        """The lean client whose GET the loop may send for a block of ``length`` bytes of
+        ``source``, or None (not S3, boto3's GETs, a large block, the lean client not opened
+        yet: a dataset add opens it, and opening may wait on the network, so a thread does it
+        otherwise; or the loop is not running)."""
+        if not 0 < length <= LOOP_MAX_BYTES or not self._loop_gets.running:
+            return None
+        store = source.store
+        return store.opened_bulk_reader() if isinstance(store, S3Store) else None
+
+    async def _get_in_loop(
+        self,
+        reader: S3BulkReader,
+        file: FileVersion,
+        start: int,
+        length: int,
+        admit_as: BlockKey | None,
+    ) -> _LoopGot:
+        """The block's first try in the GET loop, admitted there (on the loop's thread: no
+        thread hop, no GIL hand-off) when ``admit_as`` is given. Its data is None when the loop
+        left the try undone; a permanent error answer raises the store's error. Not
+        cancellable once sent (as :func:`run_in_thread`): the loop ends every try within the
+        policy's bounds, or when it stops."""
+        token = trio.lowlevel.current_trio_token()
+        task = trio.lowlevel.current_task()
+
+        def done(body: bytearray | StoreError | None, throttled: bool) -> None:  # loop thread
+            result = outcome.capture(self._settle_loop_try, body, throttled, admit_as)
+            try:
+                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+            except trio.RunFinishedError:
+                pass  # the worker has stopped: nobody waits
+
+        self._loop_gets.submit(reader, file.key, start, length, file.etag, done)
+        got: _LoopGot = await trio.lowlevel.wait_task_rescheduled(
+            lambda _: trio.lowlevel.Abort.FAILED
+        )
+        return got
+
+    def _settle_loop_try(
+        self, body: bytearray | StoreError | None, throttled: bool, admit_as: BlockKey | None
+    ) -> _LoopGot:
+        """On the loop's thread: a try's outcome, its block admitted (blocking, briefly)."""
+        answered = time.perf_counter()
+        if isinstance(body, StoreError):
+            raise body
+        if body is None:
+            return _LoopGot(None, None, throttled, answered)
+        data = bytes(body)
+        admitted = self._admit(admit_as, data) if admit_as is not None else None
+        return _LoopGot(data, admitted, throttled, answered)
+
+
+class _LoopGot(NamedTuple):
+    """A GET loop's try: its bytes (None: not done there), the tier that admitted them,
+    whether the store said "slow down", and when the answer was in (perf_counter)."""
+
+    data: bytes | None
+    admitted: str | None
+    throttled: bool
+    answered: float

@@ -52,6 +52,12 @@ from cachefs.errors import StoreError, StoreThrottled
 from cachefs.store.http1 import MAX_HEAD_BYTES, MalformedAnswer, parse_head
 from cachefs.store.s3_bulk import ERROR_BODY_LIMIT, S3BulkReader
 
+#: Blocks of at most this many bytes have their first try in a GET loop (a preload fetcher's,
+#: cachefs/cluster/fetchers.py; the mount's, cachefs/store/get_thread.py), larger ones on a
+#: thread each: the loop saves the thread hand-offs of every GET, which count for the many
+#: small GETs of small files, while a large block's transfer is better spread over threads.
+LOOP_MAX_BYTES = 1 << 20
+
 #: Bytes asked of the socket per receive while reading a head (a body is received in place).
 _HEAD_RECV_BYTES = 64 * 1024
 

@@ -250,3 +250,32 @@ def test_failed_gets_are_retried_and_503_forever_is_eio(s3_world):
     _expect_errno(errno.EIO, read_file, w.path("ds", other))
     proxy.clear_faults()
     assert read_file(w.path("ds", other)) == s3_world.objects[other]
+
+
+def test_cold_reads_have_their_gets_in_the_loop_thread_byte_exact(s3_world):
+    """16 readers of every file, cold: each block is one GET, sent by the worker's GET loop
+    thread (cachefs/store/get_thread.py; the status counts it), and every byte is the
+    source's. (A try the loop leaves undone goes to the ordinary read: the 503 test above.)"""
+    w, proxy = s3_world.worker, s3_world.proxy
+    proxy.reset_counts()
+    keys = sorted(s3_world.objects)
+    results: dict[str, bool] = {}
+
+    def reader(mine: list[str]) -> None:
+        for key in mine:
+            results[key] = read_file(w.path("ds", key)) == s3_world.objects[key]
+
+    threads = [threading.Thread(target=reader, args=(keys[i::16],)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results == {key: True for key in keys}
+    blocks = sum(-(-len(data) // BLOCK) for data in s3_world.objects.values())
+    assert proxy.count("GET", path_contains=f"/{s3_world.bucket}/") == blocks
+    assert w.status()["store"]["gets_in_loop"] == blocks
+    # Admitted: a second pass, page cache dropped, reads the cache only.
+    drop_page_cache()
+    for key in keys:
+        assert read_file(w.path("ds", key)) == s3_world.objects[key]
+    assert proxy.count("GET", path_contains=f"/{s3_world.bucket}/") == blocks
