@@ -241,6 +241,8 @@ class BlockReader:
         self._disk_limiter = trio.CapacityLimiter(limits.disk_threads)
         # Admissions at once, in whichever thread fetched the block (threads, not trio tasks).
         self._admit_slots = threading.BoundedSemaphore(limits.admit_threads)
+        # Admissions the GET loop's thread left to a thread of their own (_settle_loop_try).
+        self._admit_limiter = trio.CapacityLimiter(limits.admit_threads)
         self._recent = _RecentBlocks(limits.recent_bytes)
         self._flights: dict[bytes, _Flight] = {}
         self._readahead_growth = limits.readahead_growth
@@ -662,6 +664,10 @@ class BlockReader:
             if got is not None and got.data is not None:
                 data, admitted = got.data, got.admitted
                 self.metrics.store_gets_in_loop += 1
+                if got.admit_later and admit_as is not None:
+                    admitted = await run_in_thread(
+                        partial(self._admit, admit_as, data), self._admit_limiter
+                    )
             else:
                 after_s = backoff_s(reader.retry, 1, random.random) if reader and throttled else 0
                 data, admitted = await run_in_thread(
@@ -731,7 +737,16 @@ class BlockReader:
         if body is None:
             return _LoopGot(None, None, throttled, answered)
         data = bytes(body)
-        admitted = self._admit(admit_as, data) if admit_as is not None else None
+        if admit_as is None:
+            return _LoopGot(data, None, throttled, answered)
+        # Admitted here only with an admission slot free at once: the loop must not wait for
+        # one while the other GETs' answers arrive (else the task admits it on a thread).
+        if not self._admit_slots.acquire(blocking=False):
+            return _LoopGot(data, None, throttled, answered, admit_later=True)
+        try:
+            admitted = self.cache.put(admit_as, data)
+        finally:
+            self._admit_slots.release()
         return _LoopGot(data, admitted, throttled, answered)
 
 
@@ -743,3 +758,4 @@ class _LoopGot(NamedTuple):
     admitted: str | None
     throttled: bool
     answered: float
+    admit_later: bool = False  # no admission slot was free on the loop's thread

@@ -127,6 +127,8 @@ class LoopGets:
                 while not self._stopping:
                     for number, body, throttled in loop.poll():
                         _call(pending.pop(number), body, throttled)
+        except Exception:  # a bug: every GET takes its thread from here on, and says so
+            log.exception("the store GET loop stopped; GETs run on threads of their own now")
         finally:
             with self._lock:
                 self._running = False

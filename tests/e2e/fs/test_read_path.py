@@ -253,9 +253,10 @@ def test_failed_gets_are_retried_and_503_forever_is_eio(s3_world):
 
 
 def test_cold_reads_have_their_gets_in_the_loop_thread_byte_exact(s3_world):
-    """16 readers of every file, cold: each block is one GET, sent by the worker's GET loop
-    thread (cachefs/store/get_thread.py; the status counts it), and every byte is the
-    source's. (A try the loop leaves undone goes to the ordinary read: the 503 test above.)"""
+    """Every file read cold at once (a thread per file): each block is one GET, sent by the
+    worker's GET loop thread (cachefs/store/get_thread.py; the status counts it), and every
+    byte is the source's. (A try the loop leaves undone goes to the ordinary read: the 503
+    test above.)"""
     w, proxy = s3_world.worker, s3_world.proxy
     proxy.reset_counts()
     keys = sorted(s3_world.objects)

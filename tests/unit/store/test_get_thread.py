@@ -11,7 +11,7 @@ import threading
 from cachefs.store.base import RetryPolicy
 from cachefs.store.get_thread import LoopGets
 from tests.unit.store.test_get_loop import OBJECTS, credentials, ranged, serve
-from tests.waiting import WAIT_S
+from tests.waiting import WAIT_S, wait_for
 
 __all__ = ["credentials", "serve"]  # fixtures, shared
 
@@ -72,9 +72,9 @@ def test_gets_from_many_threads_come_back_byte_for_byte_on_the_loops_thread(serv
     assert not thread.is_alive()
 
 
-def test_not_running_and_stopping_answer_not_done(serve):
+def test_not_running_and_tries_pending_at_the_stop_come_back_not_done(serve):
     silent = lambda _head: (b"", False)  # noqa: E731  (holds every try until the stop)
-    _server, reader = serve([silent], retry=RetryPolicy(first_byte_timeout_s=2 * WAIT_S))
+    server, reader = serve([silent], retry=RetryPolicy(first_byte_timeout_s=2 * WAIT_S))
     gets = LoopGets(connections=2)
     before = Outcomes(1)
     gets.submit(reader, "obj/0", 0, 3, None, before.callback("before"))
@@ -84,8 +84,9 @@ def test_not_running_and_stopping_answer_not_done(serve):
     held = Outcomes(3)
     for i in range(3):
         gets.submit(reader, f"obj/{i}", 0, 3, None, held.callback(i))
-    # A callback that raises (after the others were sent): logged, the loop goes on.
-    gets.submit(reader, "obj/4", 0, 3, None, lambda body, throttled: 1 / 0)
+    # Two tries sent (the connections' limit), the third waiting in the loop for one.
+    wait_for(lambda: len(server.requests) >= 2, "two GETs at the server")
+    assert not held.got
     gets.stop()
     thread.join(WAIT_S)
     assert not thread.is_alive()
@@ -95,3 +96,25 @@ def test_not_running_and_stopping_answer_not_done(serve):
     after = Outcomes(1)
     gets.submit(reader, "obj/0", 0, 3, None, after.callback("after"))
     assert after.got["after"][:2] == (None, False)
+
+
+def test_a_callback_that_fails_stops_nothing(serve, caplog):
+    _server, reader = serve([ranged(OBJECTS)])
+    gets = LoopGets(connections=2)
+    thread = running(gets)
+    called = threading.Event()
+
+    def fails(body, throttled: bool) -> None:
+        called.set()
+        raise RuntimeError("a callback's bug")
+
+    gets.submit(reader, "obj/1", 0, 10, None, fails)
+    assert called.wait(WAIT_S)
+    later = Outcomes(1)
+    gets.submit(reader, "obj/2", 5, 10, None, later.callback("later"))
+    assert later.all_in.wait(WAIT_S)
+    assert later.got["later"][:2] == (OBJECTS["/bucket/obj/2"][5:15], False)
+    assert "a GET's callback failed" in caplog.text
+    gets.stop()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
