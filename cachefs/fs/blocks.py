@@ -90,15 +90,26 @@ async def run_in_thread(fn: Callable[[], T], limiter: trio.CapacityLimiter) -> T
     ``trio.from_thread`` or context variables. Not cancellable once started, as to_thread's
     default: the task waits for ``fn``'s outcome (an exception is re-raised here)."""
     async with limiter:
-        token = trio.lowlevel.current_trio_token()
-        task = trio.lowlevel.current_task()
+        return await _delivered(partial(trio.lowlevel.start_thread_soon, fn))
 
-        def deliver(result: outcome.Outcome[T]) -> None:  # in the thread, once fn is done
+
+async def _delivered(start: Callable[[Callable[[outcome.Outcome[T]], None]], None]) -> T:
+    """Call ``start(deliver)``, which arranges for ``deliver(an outcome)`` to be called once,
+    from any thread (a thread done with its work, the GET loop's thread with a try's outcome),
+    and wait for that outcome: its value, or its exception re-raised here. Not cancellable:
+    the task waits for the outcome."""
+    token = trio.lowlevel.current_trio_token()
+    task = trio.lowlevel.current_task()
+
+    def deliver(result: outcome.Outcome[T]) -> None:
+        try:
             token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+        except trio.RunFinishedError:
+            pass  # the trio run has ended: nobody waits
 
-        trio.lowlevel.start_thread_soon(fn, deliver)
-        done: T = await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
-        return done
+    start(deliver)
+    done: T = await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+    return done
 
 
 @dataclass(frozen=True, slots=True)
@@ -711,21 +722,14 @@ class BlockReader:
         left the try undone; a permanent error answer raises the store's error. Not
         cancellable once sent (as :func:`run_in_thread`): the loop ends every try within the
         policy's bounds, or when it stops."""
-        token = trio.lowlevel.current_trio_token()
-        task = trio.lowlevel.current_task()
 
-        def done(body: bytearray | StoreError | None, throttled: bool) -> None:  # loop thread
-            result = outcome.capture(self._settle_loop_try, body, throttled, admit_as)
-            try:
-                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
-            except trio.RunFinishedError:
-                pass  # the worker has stopped: nobody waits
+        def send(deliver: Callable[[outcome.Outcome[_LoopGot]], None]) -> None:
+            def done(body: bytearray | StoreError | None, throttled: bool) -> None:  # loop's
+                deliver(outcome.capture(self._settle_loop_try, body, throttled, admit_as))
 
-        self._loop_gets.submit(reader, file.key, start, length, file.etag, done)
-        got: _LoopGot = await trio.lowlevel.wait_task_rescheduled(
-            lambda _: trio.lowlevel.Abort.FAILED
-        )
-        return got
+            self._loop_gets.submit(reader, file.key, start, length, file.etag, done)
+
+        return await _delivered(send)
 
     def _settle_loop_try(
         self, body: bytearray | StoreError | None, throttled: bool, admit_as: BlockKey | None
