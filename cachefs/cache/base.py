@@ -176,13 +176,16 @@ class BlockFile(NamedTuple):
 
 class ChunkedBlockFile(NamedTuple):
     """A cached block's file as the native READ path needs it (cachefs/fs/native_reads.py): the
-    file, its admitted size, the chunk checksums to check every chunk it serves against, and
-    the id that names this admission of the block (what :meth:`BlockCache.on_remove` passes)."""
+    file, its admitted size, the chunk checksums to check every chunk it serves against, the id
+    that names this admission of the block (what :meth:`BlockCache.on_remove` passes), and,
+    if still known, the file's (st_ino, st_ctime_ns) right after its admission put it in place:
+    while the file is in that state it holds the bytes the checksums were computed from."""
 
     path: str
     size: int
     file_id: int
     chunk_checksums: bytes
+    written_state: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

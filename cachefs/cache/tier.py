@@ -17,6 +17,12 @@ the file of a new admission of the same key that raced with the removal. It also
 never reused within a process, which is what lets a tier keep read descriptors of its block
 files open (``open_files.py``).
 
+A tier also remembers, for its most recent admissions, the state (inode number, ctime) each
+block file was in right after it was put in place: the bytes it holds then are the ones its
+checksums were computed from, so the native READ path may splice them without reading them
+first for as long as the file stays in that state (any write moves the ctime; see rule 2 of
+``third_party/pyfuse3/cachefs_fast_read.c`` and ``Tier.written_state``).
+
 Accounting counts what the files take on the filesystem, not their sizes: a file takes whole
 allocation units (tmpfs: pages; a disk filesystem: blocks), so a block's *footprint* is its size
 rounded up to the unit, and the footprints of a tier's blocks are what ``du`` of the directory
@@ -31,6 +37,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -48,6 +55,9 @@ _FANOUT_NAME = re.compile(r"[0-9a-f]{2}")
 _BLOCK_NAME = re.compile(rf"([0-9a-f]{{{2 * KEY_LEN}}})\.([0-9a-f]{{1,16}})")
 _INSTANCE_ID = re.compile(r"[0-9a-f]{32}")  # 16 random bytes, as stored in the index
 _MARKER_NAME = re.compile(re.escape(MARKER_PREFIX) + r"([0-9a-f]{32})")
+#: Admissions whose written state a tier remembers (~200 bytes each), the oldest dropped first:
+#: a block read soon after its admission (a cold read, a preload just done) is the case served.
+WRITTEN_STATES_KEPT = 32_768
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +117,10 @@ class Tier:
         # blocks: one mkdir before the rename costs less than a rename that fails, a stat and
         # makedirs (bench/README.md, "Where a cold small file's worker CPU goes").
         self._fanout_made = bytearray(1 << 16)
+        # file id -> (st_ino, st_ctime_ns) of its block file right after it was put in place.
+        # Tier methods run on several threads: OrderedDict's setitem, pop and popitem are each
+        # one C call under the GIL.
+        self._written: OrderedDict[int, tuple[int, int]] = OrderedDict()
 
     def free(self) -> int:
         return self.capacity - self.used - self.pending
@@ -141,7 +155,9 @@ class Tier:
             raise
 
     def place_block(self, tmp_path: str, raw: bytes, file_id: int) -> None:
-        """Rename a whole block file from the tmp directory into its place."""
+        """Rename a whole block file from the tmp directory into its place, and remember the
+        state it is in then (:meth:`written_state`; the rename moves its ctime, so the state
+        is taken after it)."""
         final_path = self.block_path(raw, file_id)
         fanout = int.from_bytes(raw[_DIGEST_OFFSET : _DIGEST_OFFSET + 2], "big")
         if not self._fanout_made[fanout]:
@@ -155,6 +171,20 @@ class Tier:
                 raise
             os.makedirs(os.path.dirname(final_path), mode=0o700, exist_ok=True)
             os.rename(tmp_path, final_path)
+        placed = os.stat(final_path)
+        written = self._written
+        written[file_id] = (placed.st_ino, placed.st_ctime_ns)
+        if len(written) > WRITTEN_STATES_KEPT:
+            try:
+                written.popitem(last=False)
+            except KeyError:  # emptied by other threads meanwhile
+                pass
+
+    def written_state(self, file_id: int) -> tuple[int, int] | None:
+        """(st_ino, st_ctime_ns) of the block file of admission ``file_id`` right after it was
+        put in place, if this tier still remembers it (the latest :data:`WRITTEN_STATES_KEPT`
+        admissions); a file found in that state holds the bytes that were admitted."""
+        return self._written.get(file_id)
 
     def remove_block(self, raw: bytes, file_id: int) -> None:
         """Delete a block's file. Tell ``before_remove`` first (the native read path forgets the
@@ -164,6 +194,7 @@ class Tier:
             self.before_remove(file_id)
         unlink_if_present(self.block_path(raw, file_id))
         self.open_files.forget(file_id)
+        self._written.pop(file_id, None)
 
     # --- orphan sweep ---------------------------------------------------------------------------
 

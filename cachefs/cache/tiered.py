@@ -529,8 +529,12 @@ class TieredBlockCache(Admission):
         entry = Entry.unpack(value)
         if not entry.chunk_checksums:  # an entry from index format 1: its first read adds them
             return None
-        path = self._tier_by_id[entry.tier_id].block_path(raw, entry.file_id)
-        return ChunkedBlockFile(path, entry.size, entry.file_id, entry.chunk_checksums)
+        block_tier = self._tier_by_id[entry.tier_id]
+        path = block_tier.block_path(raw, entry.file_id)
+        return ChunkedBlockFile(
+            path, entry.size, entry.file_id, entry.chunk_checksums,
+            block_tier.written_state(entry.file_id),
+        )  # fmt: skip
 
     def on_remove(self, hook: Callable[[int], None] | None) -> None:
         for tier in self._tiers:

@@ -360,6 +360,8 @@ class _CachefsPatch(Protocol):
         path: bytes,
         length: int,
         chunk_sums: bytes,
+        written_ino: int = 0,
+        written_ctime_ns: int = 0,
     ) -> bool: ...
     def fast_read_forget_file(self, file_id: int) -> None: ...
     def fast_listing_configure(
@@ -395,10 +397,13 @@ class _PyfuseNativeReadTable:
         path: bytes,
         length: int,
         chunk_checksums: bytes,
+        written_ino: int = 0,
+        written_ctime_ns: int = 0,
     ) -> bool:
         return _patched.fast_read_register(
-            ino, index, block_size, file_size, file_id, path, length, chunk_checksums
-        )
+            ino, index, block_size, file_size, file_id, path, length, chunk_checksums,
+            written_ino, written_ctime_ns,
+        )  # fmt: skip
 
     def forget_file(self, file_id: int) -> None:
         _patched.fast_read_forget_file(file_id)

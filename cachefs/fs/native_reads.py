@@ -19,7 +19,11 @@ enter that table, and keeps it coherent with the cache and the snapshots:
   close() of every READ, so when a forget returns no READ has the file open any more.
 * **Checked every time**: the C READ checks every chunk it reads against the checksums; a file
   that is gone, short or corrupt is dropped from the table and the READ goes to Python, which
-  drops the block from the cache and fetches it again.
+  drops the block from the cache and fetches it again. A chunk checked once is spliced by later
+  READs while the file's inode and ctime stay put (any write moves the ctime); a block
+  registered with the state its admission left the file in (``Tier.written_state``: the
+  checksums were computed from the bytes written) counts as checked in that state, so the
+  first READ after a cold read or a preload splices too.
 * **Bounded**: at most min(4096, a quarter of the fd limit) block files are open at once
   (least recently read closed first), and the table keeps at most :data:`NATIVE_READ_BLOCKS`
   blocks (the oldest registration goes first), whose files' block arrays hold at most 4 slots
@@ -86,6 +90,8 @@ class NativeReadTable(Protocol):
         path: bytes,
         length: int,
         chunk_checksums: bytes,
+        written_ino: int = 0,
+        written_ctime_ns: int = 0,
     ) -> bool: ...
 
     def forget_file(self, file_id: int) -> None: ...
@@ -167,9 +173,10 @@ class NativeReads:
             found = self._cache.chunked_block_file(key, tier=NATIVE_TIER)
             if found is None:
                 break
+            written_ino, written_ctime_ns = found.written_state or (0, 0)
             if self.table.register(
                 ino, index, block_size, version.size, found.file_id, os.fsencode(found.path),
-                found.size, found.chunk_checksums,
+                found.size, found.chunk_checksums, written_ino, written_ctime_ns,
             ):  # fmt: skip
                 registered += 1
         return registered

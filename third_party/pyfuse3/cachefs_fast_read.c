@@ -8,7 +8,9 @@
  *     (read into memory, then replied), or by an earlier READ while the block file was in the
  *     state it is in now (same inode, ctime and size; any write moves the ctime), in which case
  *     it is spliced from the file to /dev/fuse, without a copy through the worker (see
- *     note_checked()). The latter only where nothing but a write can change a file's bytes:
+ *     note_checked()); a block cachefs registers with the state its admission wrote the file
+ *     in (the checksums were computed from the bytes written) counts as checked in that state.
+ *     The latter only where nothing but a write can change a file's bytes:
  *     block files on tmpfs (the RAM tier), or any with passthrough asked for
  *     (cfr_want_passthrough()), whose backing files the kernel reads as they are between
  *     checks (see serves_checked()). A file that is gone, short or fails a checksum drops the
@@ -646,7 +648,8 @@ void cfr_configure(uint64_t new_chunk_size, uint64_t new_max_blocks,
 
 int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                  uint64_t file_id, const char *path, uint64_t length,
-                 const unsigned char *sums, size_t sums_len) {
+                 const unsigned char *sums, size_t sums_len, uint64_t written_ino,
+                 int64_t written_ctime_ns) {
     if (block_size == 0 || chunk_size == 0 || max_blocks == 0) return -1;
     uint64_t nblocks = (file_size + block_size - 1) / block_size;
     uint64_t start = index * block_size;
@@ -666,8 +669,6 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
     b->index = index;
     b->backing_id = 0;
     b->backing_ino = 0;
-    b->checked_ctime_ns = 0;
-    b->checked_ino = 0;
     b->opened = NULL;
     b->bk_older = b->bk_newer = NULL;
     b->length = length;
@@ -680,7 +681,11 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
         b->sums[c] = v;
     }
     b->checked = b->sums + nchunks;
-    memset(b->checked, 0, words * 8);
+    /* The state the admission wrote the file in (rule 2, note_checked()): every chunk holds the
+     * bytes its checksum was computed from while the file stays in that state. */
+    memset(b->checked, written_ino ? 0xff : 0, words * 8);
+    b->checked_ino = written_ino;
+    b->checked_ctime_ns = written_ctime_ns;
     b->path = (char *)(b->checked + words);
     memcpy(b->path, path, path_len);
     b->fd = -1;
@@ -889,7 +894,10 @@ int cfr_fd_readable(int fd, int wait_us) {
  * file's inode number and ctime, with its size the block's length. Any write to the file moves
  * its ctime, and a file put in its place has another inode; so while fstat() shows that state,
  * those chunks hold the bytes that were checked, and a READ of them is spliced from the file
- * without reading it again (reply_spliced()). A new state forgets them all. The same record
+ * without reading it again (reply_spliced()). A new state forgets them all. A block can also
+ * enter the table checked: cachefs passes the state its admission left the file in, right
+ * after writing it from the bytes the checksums were computed from (cfr_register()), so the
+ * first READ of a block just fetched or preloaded is spliced too. The same record
  * says when a block's whole file may be handed to the kernel as a backing file (passthrough).
  * Between a check and the next fstat() the file is served as it is, as the kernel serves the
  * pages a READ put in the page cache: a block is checked when it enters the path. */

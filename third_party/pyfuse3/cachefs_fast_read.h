@@ -58,11 +58,15 @@ typedef struct {
 void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries);
 
 /* Register block `index` of inode `ino`: `length` bytes at offset 0 of the file at `path`,
- * whose chunks have the big-endian xxh3_64 digests `sums` (8 bytes each). Returns 0 when kept,
+ * whose chunks have the big-endian xxh3_64 digests `sums` (8 bytes each). `written_ino` and
+ * `written_ctime_ns`, when not 0: the file's inode number and ctime right after cachefs wrote
+ * it from the bytes the digests were computed from; while the file stays in that state its
+ * chunks count as checked (spliced without a read, see note_checked()). Returns 0 when kept,
  * -1 when refused (inconsistent sizes, no room for its file's block array, out of memory). */
 int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                  uint64_t file_id, const char *path, uint64_t length,
-                 const unsigned char *sums, size_t sums_len);
+                 const unsigned char *sums, size_t sums_len, uint64_t written_ino,
+                 int64_t written_ctime_ns);
 
 /* Remember the reply to LOOKUP(parent, name) (what cachefs answered in Python), so that the
  * next LOOKUP of that name, after the kernel dropped its dentry, is answered here. */

@@ -5,7 +5,7 @@ Included by __init__.pyx (third_party/pyfuse3/build.py adds the include). The ta
 READ itself are in cachefs_fast_read.c; cachefs/fs/native_reads.py keeps the table coherent.
 '''
 
-from libc.stdint cimport uint64_t
+from libc.stdint cimport int64_t, uint64_t
 
 cdef extern from "cachefs_fast_read.h":
     ctypedef struct cfr_stats_t:
@@ -42,7 +42,8 @@ cdef extern from "cachefs_fast_read.h":
     void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries)
     int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                      uint64_t file_id, const char *path, uint64_t length,
-                     const unsigned char *sums, size_t sums_len)
+                     const unsigned char *sums, size_t sums_len, uint64_t written_ino,
+                     int64_t written_ctime_ns)
     int cfr_register_dentry(uint64_t parent, const char *name, size_t name_len,
                             const fuse_entry_param *entry)
     int cfr_try_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -119,11 +120,13 @@ def fast_lookup_register(uint64_t parent, bytes name, EntryAttributes entry):
 
 
 def fast_read_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
-                       uint64_t file_id, bytes path, uint64_t length, bytes chunk_sums):
-    '''Register block ``index`` of inode ``ino``; False if refused.'''
+                       uint64_t file_id, bytes path, uint64_t length, bytes chunk_sums,
+                       uint64_t written_ino=0, int64_t written_ctime_ns=0):
+    '''Register block ``index`` of inode ``ino``; False if refused. ``written_ino`` and
+    ``written_ctime_ns``: the file's state right after cachefs wrote it (0: not known).'''
     return cfr_register(ino, index, block_size, file_size, file_id, path, length,
                         <const unsigned char *> (<const char *> chunk_sums),
-                        len(chunk_sums)) == 0
+                        len(chunk_sums), written_ino, written_ctime_ns) == 0
 
 
 def fast_listing_configure(uint64_t max_bytes, double entry_timeout, double attr_timeout):

@@ -73,6 +73,13 @@ def cli_status_text(worker: WorkerProcess) -> str:
     ).stdout
 
 
+def touch_block_files(worker: WorkerProcess, dataset: str, files: dict[str, bytes]) -> None:
+    """Move the ctime of every block file of ``files`` (their bytes unchanged)."""
+    for name in files:
+        for block in worker.client.resolve(dataset, name)["blocks"]:
+            os.utime(block["file"])
+
+
 def make_source(root, files: dict[str, bytes]) -> None:
     for name, data in files.items():
         path = root / name
@@ -108,7 +115,12 @@ def test_reads_of_every_size_are_byte_exact_and_answered_in_c(tmp_path, fast_rea
             assert read_whole(worker.path("ds", name)) == data
         drop_pages_keep_dentries()
         python_reads, before = fuse_op_count(worker, "read"), native_stats(worker)
-        for name, data in files.items():  # first READs in C: read and checked
+        for name, data in files.items():  # first READs in C, of blocks just admitted: spliced
+            assert read_whole(worker.path("ds", name)) == data
+        admitted = native_stats(worker)
+        touch_block_files(worker, "ds", files)  # a new state: no chunk counts as checked
+        drop_pages_keep_dentries()
+        for name, data in files.items():  # READs in C: read and checked
             assert read_whole(worker.path("ds", name)) == data
         checked = native_stats(worker)
         drop_pages_keep_dentries()
@@ -122,9 +134,14 @@ def test_reads_of_every_size_are_byte_exact_and_answered_in_c(tmp_path, fast_rea
         if fast_read == "on":
             assert after["reads"] > before["reads"]
             assert after["corrupt"] == after["vanished"] == 0
-            # A chunk is read and checked by the first READ of it; once checked, and while
-            # its tmpfs block file keeps its state, READs of it are spliced.
-            assert checked["spliced"] == before["spliced"]
+            # A block registered with the state its admission wrote its tmpfs file in counts
+            # as checked while the file keeps that state: READs of it are spliced. Once the
+            # file is in another state, a chunk is read and checked by the first READ of it,
+            # and READs of it are spliced again after that.
+            assert admitted["spliced"] - before["spliced"] == admitted["reads"] - before["reads"]
+            assert admitted["reads"] > before["reads"]
+            assert checked["spliced"] == admitted["spliced"]
+            assert checked["reads"] > admitted["reads"]
             assert after["spliced"] > checked["spliced"]
             # Every READ of these cached files was answered in C: none reached Python.
             assert fuse_op_count(worker, "read") == python_reads

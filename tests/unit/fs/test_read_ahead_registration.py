@@ -35,7 +35,8 @@ class RecordingTable:
     def configure(self, chunk_size, max_blocks, max_names) -> None:
         pass
 
-    def register(self, ino, index, block_size, file_size, file_id, path, length, sums) -> bool:
+    def register(self, ino, index, block_size, file_size, file_id, path, length, sums,
+                 written_ino=0, written_ctime_ns=0) -> bool:  # fmt: skip
         self.registered.append(index)
         return True
 
