@@ -17,11 +17,13 @@ the file of a new admission of the same key that raced with the removal. It also
 never reused within a process, which is what lets a tier keep read descriptors of its block
 files open (``open_files.py``).
 
-A tier also remembers, for its most recent admissions, the state (inode number, ctime) each
-block file was in right after it was put in place: the bytes it holds then are the ones its
-checksums were computed from, so the native READ path may splice them without reading them
-first for as long as the file stays in that state (any write moves the ctime; see rule 2 of
-``third_party/pyfuse3/cachefs_fast_read.c`` and ``Tier.written_state``).
+A tier also remembers, for the latest blocks it wrote itself, the state (inode number, ctime)
+each block file was in right after it was put in place: the bytes it holds then are the ones
+the cache computed the checksums from, so the native READ path may splice them without reading
+them first for as long as the file stays in that state (any write moves the ctime; see rule 2
+of ``third_party/pyfuse3/cachefs_fast_read.c`` and ``Tier.written_state``). A block another
+process wrote (a preload fetcher's reservation) came with that process's checksums, which
+nothing here compared with its bytes: its first READ reads and checks it.
 
 Accounting counts what the files take on the filesystem, not their sizes: a file takes whole
 allocation units (tmpfs: pages; a disk filesystem: blocks), so a block's *footprint* is its size
@@ -55,8 +57,8 @@ _FANOUT_NAME = re.compile(r"[0-9a-f]{2}")
 _BLOCK_NAME = re.compile(rf"([0-9a-f]{{{2 * KEY_LEN}}})\.([0-9a-f]{{1,16}})")
 _INSTANCE_ID = re.compile(r"[0-9a-f]{32}")  # 16 random bytes, as stored in the index
 _MARKER_NAME = re.compile(re.escape(MARKER_PREFIX) + r"([0-9a-f]{32})")
-#: Admissions whose written state a tier remembers (~200 bytes each), the oldest dropped first:
-#: a block read soon after its admission (a cold read, a preload just done) is the case served.
+#: Blocks whose written state a tier remembers (~200 bytes each), the oldest dropped first: a
+#: block read soon after a cold read admitted it is the case served.
 WRITTEN_STATES_KEPT = 32_768
 
 
@@ -153,11 +155,19 @@ class Tier:
         except BaseException:
             unlink_if_present(tmp_path)
             raise
+        # Its state now: the one in which it holds ``data``, whose checksums the caller computed
+        # from ``data`` itself (:meth:`written_state`; the rename moved the ctime, so after it).
+        placed = os.stat(self.block_path(raw, file_id))
+        written = self._written
+        written[file_id] = (placed.st_ino, placed.st_ctime_ns)
+        if len(written) > WRITTEN_STATES_KEPT:
+            try:
+                written.popitem(last=False)
+            except KeyError:  # emptied by other threads meanwhile
+                pass
 
     def place_block(self, tmp_path: str, raw: bytes, file_id: int) -> None:
-        """Rename a whole block file from the tmp directory into its place, and remember the
-        state it is in then (:meth:`written_state`; the rename moves its ctime, so the state
-        is taken after it)."""
+        """Rename a whole block file from the tmp directory into its place."""
         final_path = self.block_path(raw, file_id)
         fanout = int.from_bytes(raw[_DIGEST_OFFSET : _DIGEST_OFFSET + 2], "big")
         if not self._fanout_made[fanout]:
@@ -171,19 +181,12 @@ class Tier:
                 raise
             os.makedirs(os.path.dirname(final_path), mode=0o700, exist_ok=True)
             os.rename(tmp_path, final_path)
-        placed = os.stat(final_path)
-        written = self._written
-        written[file_id] = (placed.st_ino, placed.st_ctime_ns)
-        if len(written) > WRITTEN_STATES_KEPT:
-            try:
-                written.popitem(last=False)
-            except KeyError:  # emptied by other threads meanwhile
-                pass
 
     def written_state(self, file_id: int) -> tuple[int, int] | None:
-        """(st_ino, st_ctime_ns) of the block file of admission ``file_id`` right after it was
-        put in place, if this tier still remembers it (the latest :data:`WRITTEN_STATES_KEPT`
-        admissions); a file found in that state holds the bytes that were admitted."""
+        """(st_ino, st_ctime_ns) of the block file of admission ``file_id`` right after
+        :meth:`write_block` put it in place, if this tier still remembers it (the latest
+        :data:`WRITTEN_STATES_KEPT` such blocks; never a block placed by :meth:`place_block`
+        alone): a file found in that state holds the bytes that were written."""
         return self._written.get(file_id)
 
     def remove_block(self, raw: bytes, file_id: int) -> None:

@@ -21,9 +21,10 @@ enter that table, and keeps it coherent with the cache and the snapshots:
   that is gone, short or corrupt is dropped from the table and the READ goes to Python, which
   drops the block from the cache and fetches it again. A chunk checked once is spliced by later
   READs while the file's inode and ctime stay put (any write moves the ctime); a block
-  registered with the state its admission left the file in (``Tier.written_state``: the
-  checksums were computed from the bytes written) counts as checked in that state, so the
-  first READ after a cold read or a preload splices too.
+  registered with the state the cache's own write left the file in (``Tier.written_state``:
+  the checksums were computed from the bytes written) counts as checked in that state, so the
+  first READ after a cold read splices too (a preload fetcher's file is read and checked
+  first: its checksums came with it).
 * **Bounded**: at most min(4096, a quarter of the fd limit) block files are open at once
   (least recently read closed first), and the table keeps at most :data:`NATIVE_READ_BLOCKS`
   blocks (the oldest registration goes first), whose files' block arrays hold at most 4 slots

@@ -897,7 +897,7 @@ int cfr_fd_readable(int fd, int wait_us) {
  * without reading it again (reply_spliced()). A new state forgets them all. A block can also
  * enter the table checked: cachefs passes the state its admission left the file in, right
  * after writing it from the bytes the checksums were computed from (cfr_register()), so the
- * first READ of a block just fetched or preloaded is spliced too. The same record
+ * first READ of a block a cold read just fetched is spliced too. The same record
  * says when a block's whole file may be handed to the kernel as a backing file (passthrough).
  * Between a check and the next fstat() the file is served as it is, as the kernel serves the
  * pages a READ put in the page cache: a block is checked when it enters the path. */

@@ -55,32 +55,32 @@ def test_a_fanout_directory_removed_under_the_tier_is_made_again(tmp_path):
     assert os.listdir(tmp_path / "tmp") == []
 
 
-def test_a_tier_remembers_the_state_it_put_each_block_file_in_until_it_removes_it(
+def test_a_tier_remembers_the_state_it_wrote_each_block_file_in_until_it_removes_it(
     tmp_path, monkeypatch
 ):
     """The native READ path splices a block registered with this state without reading it
-    first (cachefs_fast_read.c, rule 2), so it must be the placed file's own (inode, ctime
-    after the rename), gone with the file, and kept for the latest admissions only."""
+    first (cachefs_fast_read.c, rule 2), so it must be the written file's own (inode, ctime
+    after the rename), only for bytes the tier wrote itself (a file another process wrote came
+    with checksums nothing compared with its bytes), gone with the file, and kept for the
+    latest blocks only."""
     tier = new_tier(tmp_path)
     written, placed = raw_key(1, 2, 1), raw_key(1, 2, 2)
     tier.write_block(written, 1, b"written here")
+    now = os.stat(tier.block_path(written, 1))
+    assert tier.written_state(1) == (now.st_ino, now.st_ctime_ns)
     tmp_path_of_placed = tier.tmp_path(placed)
     with open(tmp_path_of_placed, "wb") as f:  # as a preload fetcher writes a reservation
         f.write(b"written by another process")
     tier.place_block(tmp_path_of_placed, placed, 2)
-    for raw, file_id in ((written, 1), (placed, 2)):
-        now = os.stat(tier.block_path(raw, file_id))
-        assert tier.written_state(file_id) == (now.st_ino, now.st_ctime_ns)
+    assert tier.written_state(2) is None
 
     os.utime(tier.block_path(written, 1))  # a new state: the remembered one no longer matches
     now = os.stat(tier.block_path(written, 1))
     assert tier.written_state(1) != (now.st_ino, now.st_ctime_ns)
-    tier.remove_block(placed, 2)
-    assert tier.written_state(2) is None
+    tier.remove_block(written, 1)
+    assert tier.written_state(1) is None
 
     monkeypatch.setattr("cachefs.cache.tier.WRITTEN_STATES_KEPT", 2)
     for file_id in range(3, 6):
         tier.write_block(raw_key(3, 4, file_id), file_id, b"x")
-    assert [tier.written_state(n) is not None for n in range(1, 6)] == [
-        False, False, False, True, True
-    ]  # fmt: skip
+    assert [tier.written_state(n) is not None for n in range(3, 6)] == [False, True, True]
