@@ -178,8 +178,9 @@ class ChunkedBlockFile(NamedTuple):
     """A cached block's file as the native READ path needs it (cachefs/fs/native_reads.py): the
     file, its admitted size, the chunk checksums to check every chunk it serves against, the id
     that names this admission of the block (what :meth:`BlockCache.on_remove` passes), and,
-    if still known, the file's (st_ino, st_ctime_ns) right after its admission put it in place:
-    while the file is in that state it holds the bytes the checksums were computed from."""
+    if still known, the file's (st_ino, st_ctime_ns) right after the cache wrote it from the
+    bytes it computed the checksums from (``Tier.written_state``; None for a file another
+    process wrote): while the file is in that state it holds those bytes."""
 
     path: str
     size: int
