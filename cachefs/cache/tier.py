@@ -150,14 +150,21 @@ class Tier:
         """
         tmp_path = self.tmp_path(raw)
         try:
-            write_new_file(tmp_path, data)
+            written_ino = write_new_file(tmp_path, data)
             self.place_block(tmp_path, raw, file_id)
         except BaseException:
             unlink_if_present(tmp_path)
             raise
         # Its state now: the one in which it holds ``data``, whose checksums the caller computed
         # from ``data`` itself (:meth:`written_state`; the rename moved the ctime, so after it).
-        placed = os.stat(self.block_path(raw, file_id))
+        # Only an optimisation: nothing is remembered if the file at the path is not the one
+        # written, or cannot be looked at (the block is in place and indexed either way).
+        try:
+            placed = os.stat(self.block_path(raw, file_id))
+        except OSError:
+            return
+        if placed.st_ino != written_ino:
+            return
         written = self._written
         written[file_id] = (placed.st_ino, placed.st_ctime_ns)
         if len(written) > WRITTEN_STATES_KEPT:
@@ -279,15 +286,17 @@ def _subdirs(path: str) -> Iterator[os.DirEntry[str]]:
             yield entry
 
 
-def write_new_file(path: str, data: bytes | bytearray) -> None:
+def write_new_file(path: str, data: bytes | bytearray) -> int:
     """Create ``path`` (it must not exist; mode 0600) holding ``data``: how a block file is
-    written, here or by a preload fetcher process into a reservation."""
+    written, here or by a preload fetcher process into a reservation. Returns the file's inode
+    number."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
             written = os.write(fd, view)
             view = view[written:]
+        return os.fstat(fd).st_ino
     finally:
         os.close(fd)
 

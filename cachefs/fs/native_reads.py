@@ -17,7 +17,7 @@ enter that table, and keeps it coherent with the cache and the snapshots:
   removal goes through ``Tier.remove_block``); a snapshot swap or a dataset removal forgets the
   dataset's inodes before the new state is served. The C side holds its mutex from lookup to
   close() of every READ, so when a forget returns no READ has the file open any more.
-* **Checked every time**: the C READ checks every chunk it reads against the checksums; a file
+* **Checked**: the C READ checks every chunk it reads against the checksums; a file
   that is gone, short or corrupt is dropped from the table and the READ goes to Python, which
   drops the block from the cache and fetches it again. A chunk checked once is spliced by later
   READs while the file's inode and ctime stay put (any write moves the ctime); a block

@@ -4,7 +4,8 @@
  * Python side of them):
  *  1. A block enters the table only from cachefs, after the cache admitted it and stored its
  *     chunk checksums, and only for the snapshot generation it was looked up in.
- *  2. Every chunk a READ answered here serves has passed its checksum: checked by this READ
+ *  2. Every chunk a READ answered here serves has passed its checksum, or is in the state the
+ *     cache wrote it in from the bytes its checksums were computed from: checked by this READ
  *     (read into memory, then replied), or by an earlier READ while the block file was in the
  *     state it is in now (same inode, ctime and size; any write moves the ctime), in which case
  *     it is spliced from the file to /dev/fuse, without a copy through the worker (see
@@ -900,7 +901,8 @@ int cfr_fd_readable(int fd, int wait_us) {
  * first READ of a block a cold read just fetched is spliced too. The same record
  * says when a block's whole file may be handed to the kernel as a backing file (passthrough).
  * Between a check and the next fstat() the file is served as it is, as the kernel serves the
- * pages a READ put in the page cache: a block is checked when it enters the path. */
+ * pages a READ put in the page cache: a block is checked when it enters the path (or enters
+ * it in the state the cache wrote it in). */
 
 static int64_t ctime_ns(const struct stat *st) {
     return (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
@@ -1241,7 +1243,7 @@ fall_through_quietly:
  * they were given; a new OPEN follows the record:
  *   - none outstanding: a file whose one block is in the table gets that block's backing
  *     file (see block_backing(): made after every chunk of the block file passed its checksum,
- *     then kept with the block for the next opens while the file's ctime and size stay put);
+ *     or with the file in the state the cache wrote it in (rule 2), then kept with the block for the next opens while the file's ctime and size stay put);
  *     any other file, or one failing its checksums, an ordinary open (FOPEN_KEEP_CACHE: pages
  *     stay across opens, as in no-open mode);
  *   - backing file outstanding: the same backing file; if the inode's block has left the table
@@ -1506,12 +1508,14 @@ static int check_block(cfr_block *b, const struct stat *st) {
     return 0;
 }
 
-/* Block `b`'s backing-file id: made after checking every chunk of its file, then kept for the
+/* Block `b`'s backing-file id: made after checking every chunk of its file (or with the file in
+ * the state the cache wrote it in, see cfr_register()), then kept for the
  * next opens (at most MAX_BACKING_FILES blocks keep one) as long as the file is unchanged since
  * (unchanged_since_check); a write to it moves its ctime, and the next open checks it again.
  * 0 if the block fails its checks (it is then dropped), cannot be read, or the kernel refuses.
  * Between two checks the kernel reads the file as it is, as it serves the pages a READ put in
- * the page cache: a block is checked when it enters the path. */
+ * the page cache: a block is checked when it enters the path (or enters it in the state the
+ * cache wrote it in). */
 static int32_t block_backing(cfr_block *b) {
     struct stat st;
     if (b->backing_id > 0) {

@@ -6,7 +6,8 @@
  * is in the table, the request is answered here without a Python handler or a trio task: from
  * the block files (kept open in a bounded list), read and checked (pread, an xxh3 check of
  * every chunk read, fuse_reply_buf) or, for chunks of a tmpfs block file that passed their
- * check while the file was as it is now, spliced to /dev/fuse without a copy through the
+ * check while the file was as it is now (or that the cache wrote it with, in that state),
+ * spliced to /dev/fuse without a copy through the
  * worker (fuse_reply_data);
  * otherwise (or on any error or checksum mismatch) it returns 0 and the request goes to
  * cachefs's Python handler unchanged.

@@ -217,11 +217,12 @@ def test_a_corrupted_block_file_is_dropped_and_refetched_never_served(tmp_path, 
 @pytest.mark.skipif(not FAST_READ_SUPPORTED, reason="needs the patched pyfuse3")
 @pytest.mark.parametrize("ram_on_tmpfs", [True, False], ids=["ram-on-tmpfs", "ram-on-disk"])
 def test_checked_chunks_of_a_tmpfs_block_file_are_spliced_until_it_changes(tmp_path, ram_on_tmpfs):
-    """Without passthrough: a chunk is read and checked by the first READ of it in C; after that,
-    while its block file keeps its state (inode, ctime, size), READs of it are spliced from the
-    file, unless the RAM tier is not on tmpfs (a disk can lose bytes under an unchanged ctime:
-    every READ reads and checks there). Any write to the block file moves its ctime: the next
-    READ checks again and catches a flipped byte."""
+    """Without passthrough: a chunk is read and checked by the first READ of it in C (unless
+    its block entered the table in the state the cache wrote it in: see the test above); after
+    that, while its block file keeps its state (inode, ctime, size), READs of it are spliced
+    from the file, unless the RAM tier is not on tmpfs (a disk can lose bytes under an
+    unchanged ctime: every READ reads and checks there). Any write to the block file moves its
+    ctime: the next READ checks again and catches a flipped byte."""
     rng = random.Random(17)
     files = {f"f{size}.bin": rng.randbytes(size) for size in (5000, BLOCK + 1, 3 * BLOCK + 7)}
     make_source(tmp_path / "src", files)
@@ -234,7 +235,8 @@ def test_checked_chunks_of_a_tmpfs_block_file_are_spliced_until_it_changes(tmp_p
         for name, data in files.items():  # cold: fetched and admitted in Python
             assert read_whole(worker.path("ds", name)) == data
         python_reads = fuse_op_count(worker, "read")
-        for _ in range(2):  # the chunks' first READs in C read and check; the next ones...
+        for _ in range(2):  # the chunks' READs in C (admitted just before: already checked on
+            # tmpfs, read and checked on disk); the next ones...
             # Only the mount's pages go: the block files' stay cached, so that one on disk
             # could be spliced too, and is not.
             before = native_stats(worker)
@@ -274,7 +276,7 @@ def test_every_read_of_a_large_checked_file_is_spliced_whatever_the_pipe_limit(t
         path = worker.path("ds", "large.bin")
         assert read_whole(path) == data  # cold: fetched and admitted in Python
         drop_file_pages(path)
-        assert read_whole(path) == data  # first READs in C: read and checked
+        assert read_whole(path) == data  # first READs in C (spliced: just admitted)
         largest = native_stats(worker)["max_read"]
         assert 0 < largest <= 1 << 20
         expected_readahead_kib = min(1024, largest // 1024)

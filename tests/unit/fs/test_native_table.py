@@ -5,6 +5,8 @@ tested through real mounts in test_native_reads.py."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import xxhash
 
@@ -90,6 +92,8 @@ def test_native_reads_registers_ram_tier_blocks_and_forgets_them_on_removal(tmp_
         assert native.register_blocks(99, source, version, 0, 10) == 2
         found = cache.chunked_block_file(keys[0], tier="ram")
         assert found.size == 4096 and found.chunk_checksums == xxhash.xxh3_64_digest(data[0])
+        now = os.stat(found.path)  # the state the put left the file in goes to the table with it
+        assert found.written_state == (now.st_ino, now.st_ctime_ns)
         assert cache.chunked_block_file(keys[3], tier="ram") is None
         assert cache.chunked_block_file(keys[3], tier="ssd") is not None
 
