@@ -150,20 +150,19 @@ class Tier:
         """
         tmp_path = self.tmp_path(raw)
         try:
-            written_ino = write_new_file(tmp_path, data)
-            self.place_block(tmp_path, raw, file_id)
+            fd = _write_whole(tmp_path, data)
+            try:
+                self.place_block(tmp_path, raw, file_id)
+                # Its state now, through the descriptor of the file written (the rename moved
+                # its ctime, so after it): the one in which it holds ``data``, whose checksums
+                # the caller computed from ``data`` itself (:meth:`written_state`).
+                placed = _fstat_or_none(fd)
+            finally:
+                os.close(fd)
         except BaseException:
             unlink_if_present(tmp_path)
             raise
-        # Its state now: the one in which it holds ``data``, whose checksums the caller computed
-        # from ``data`` itself (:meth:`written_state`; the rename moved the ctime, so after it).
-        # Only an optimisation: nothing is remembered if the file at the path is not the one
-        # written, or cannot be looked at (the block is in place and indexed either way).
-        try:
-            placed = os.stat(self.block_path(raw, file_id))
-        except OSError:
-            return
-        if placed.st_ino != written_ino:
+        if placed is None:  # only an optimisation: the block is in place either way
             return
         written = self._written
         written[file_id] = (placed.st_ino, placed.st_ctime_ns)
@@ -286,19 +285,32 @@ def _subdirs(path: str) -> Iterator[os.DirEntry[str]]:
             yield entry
 
 
-def write_new_file(path: str, data: bytes | bytearray) -> int:
+def write_new_file(path: str, data: bytes | bytearray) -> None:
     """Create ``path`` (it must not exist; mode 0600) holding ``data``: how a block file is
-    written, here or by a preload fetcher process into a reservation. Returns the file's inode
-    number."""
+    written, here or by a preload fetcher process into a reservation."""
+    os.close(_write_whole(path, data))
+
+
+def _write_whole(path: str, data: bytes | bytearray) -> int:
+    """:func:`write_new_file`, leaving the file open: returns its descriptor (the caller
+    closes it)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
             written = os.write(fd, view)
             view = view[written:]
-        return os.fstat(fd).st_ino
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def _fstat_or_none(fd: int) -> os.stat_result | None:
+    try:
+        return os.fstat(fd)
+    except OSError:
+        return None
 
 
 def unlink_if_present(path: str) -> None:

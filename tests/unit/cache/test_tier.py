@@ -89,15 +89,15 @@ def test_a_tier_remembers_the_state_it_wrote_each_block_file_in_until_it_removes
 def test_a_block_whose_placed_file_cannot_be_looked_at_is_kept_without_a_state(
     tmp_path, monkeypatch
 ):
-    """The state is an optimisation: a stat that fails after the rename (or finds another
-    file there) leaves the block in place, written whole, and remembers nothing for it."""
+    """The state is an optimisation: a stat that fails after the rename leaves the block in
+    place, written whole, and remembers nothing for it."""
     tier = new_tier(tmp_path)
     raw = raw_key(5, 6, 1)
 
-    def failing_stat(path, *args, **kwargs):
-        raise PermissionError(path)
+    def failing_stat(fd, *args, **kwargs):
+        raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr("cachefs.cache.tier.os.stat", failing_stat)
+    monkeypatch.setattr("cachefs.cache.tier.os.fstat", failing_stat)
     tier.write_block(raw, 1, b"kept")
     monkeypatch.undo()
     assert read(tier.block_path(raw, 1)) == b"kept"
