@@ -15,7 +15,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -26,6 +26,7 @@ from cachefs.cluster.preload import PreloadSource
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, EmptySource
 from cachefs.fs.blocks import DataSource
 from cachefs.fs.core import MOUNT_ROOT, FileSystem, MountedDataset
+from cachefs.fs.native_reads import NATIVE_LOOKUP_NAMES
 from cachefs.meta import BuildResult, Entry, Snapshot, SnapshotError, build_snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.protocol import DatasetSpec
@@ -37,6 +38,13 @@ from cachefs.store.uri import parse_uri
 log = logging.getLogger("cachefs.worker")
 
 T = TypeVar("T")
+
+#: Files a preload prepares for the native path (Datasets.prepare_reads): half the table's
+#: LOOKUP replies, so a larger dataset's files, which the table could not keep anyway (it
+#: drops the least recently used), do not push out the replies the running jobs use.
+PREPARED_FILES_MAX = NATIVE_LOOKUP_NAMES // 2
+#: Files prepared between two checkpoints of the trio loop (~30 us each).
+PREPARE_BATCH = 128
 
 
 class KernelCache(Protocol):
@@ -221,6 +229,21 @@ class DatasetManager:
         spec = self._registry.get(dataset)
         source = mounted.source
         return mounted.snapshot, store_config(spec), source.source_id, source.block_size
+
+    async def prepare_reads(self, dataset: str, keys: Sequence[str]) -> int:
+        """Prepare the native path's LOOKUP replies and block entries of files the preload
+        fetched (FileSystem.prepare_reads), at most :data:`PREPARED_FILES_MAX` of them, a
+        batch at a time so that the FUSE requests in between wait for one batch at most."""
+        prepared = 0
+        keys = keys[:PREPARED_FILES_MAX]
+        for start in range(0, len(keys), PREPARE_BATCH):
+            try:
+                prepared += self._fs.prepare_reads(dataset, keys[start : start + PREPARE_BATCH])
+            except CachefsError as exc:  # e.g. a damaged snapshot: the reads will say so
+                log.warning("preparing native reads of %r stopped: %s", dataset, exc)
+                break
+            await trio.sleep(0)
+        return prepared
 
     # --- periodic refreshes (the worker's housekeeping) --------------------------------------
 

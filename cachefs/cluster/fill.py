@@ -26,6 +26,7 @@ preloader, the fills run as tasks of one nursery, with a node-wide bound on bloc
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
@@ -69,6 +70,11 @@ class FillTarget(Protocol):
 
     def preload_source(self, dataset: str) -> PreloadSource | None:
         """(snapshot, store config, source id, block size) of a served dataset, or None."""
+        ...
+
+    async def prepare_reads(self, dataset: str, keys: Sequence[str]) -> int:
+        """As the preloader's target does (cachefs/cluster/preload.py): first reads of these
+        files, just copied here, answered by the native path."""
         ...
 
 
@@ -191,13 +197,15 @@ class _FillRun:
                     todo = self.shards - walked  # the shards may have changed meanwhile
                     if not todo:
                         continue
-                    await self._fill_shards(todo, source)
+                    filled = await self._fill_shards(todo, source)
                     for delay in FAILED_SHARD_RETRY_S:
                         again = {s for s in todo if self._failed.get(s) and s in self.shards}
                         if not again:
                             break
                         await trio.sleep(delay)
                         await self._fill_shards(again, source)
+                    # Before "done", as a preload does: the copy's first reads stay in C.
+                    await filler._target.prepare_reads(self.dataset, filled)
                     walked |= todo
                     continue
                 if not self.done:
@@ -211,8 +219,8 @@ class _FillRun:
                 await self._changed.wait()
                 self._changed = trio.Event()
 
-    async def _fill_shards(self, shards: AbstractSet[int], source: PreloadSource) -> None:
-        """Try every block of ``shards`` not cached here (one pass)."""
+    async def _fill_shards(self, shards: AbstractSet[int], source: PreloadSource) -> list[str]:
+        """Try every block of ``shards`` not cached here (one pass); the keys of their files."""
         snapshot, _config, source_id, block_size = source
         for shard in shards:
             self._absent.pop(shard, None)
@@ -237,6 +245,7 @@ class _FillRun:
                             continue
                         await filler._slots.acquire()
                         nursery.start_soon(self._copy_block, shard, obj, index, key, block_size)
+        return [obj.key for shard in sorted(planned) for obj in planned[shard]]
 
     async def _copy_block(
         self, shard: int, obj: PlannedObject, index: int, key: BlockKey, block_size: int

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import trio
@@ -52,6 +53,12 @@ class PreloadTarget(Protocol):
 
     def preload_source(self, dataset: str) -> PreloadSource | None:
         """(snapshot, store config, source id, block size) of a served dataset, or None."""
+        ...
+
+    async def prepare_reads(self, dataset: str, keys: Sequence[str]) -> int:
+        """Make the first reads of these files of ``dataset``, just preloaded, as cheap as
+        later ones (the worker: their LOOKUP replies and blocks into the native READ path's
+        table); how many were prepared."""
         ...
 
 
@@ -195,6 +202,12 @@ class _JobRun:
                 limiter=preloader._pipeline_threads,
             )
             nursery.cancel_scope.cancel()
+        # Before "complete": a job that waits for the preload then reads without a LOOKUP or
+        # READ in Python (blocks the preload could not fetch are simply not registered).
+        prepared = await preloader._target.prepare_reads(
+            job["dataset"], [obj.key for _, obj in work]
+        )
+        log.debug("preload %s: %d files prepared for native reads", job["id"], prepared)
         for shard in shards:
             self.progress[shard].complete = True
 

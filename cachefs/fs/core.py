@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from cachefs.cache.base import CheckedBlock, OpenBlock
@@ -110,6 +110,9 @@ class FileSystem:
         # goes on reading its old bytes by its old inode (no-open READs, getattr), as on a local
         # filesystem after an unlink; the oldest are forgotten beyond RETIRED_KEPT.
         self._retired: dict[int, Entry] = {}
+        # Where the LOOKUP replies :meth:`prepare_reads` makes go: the FUSE adapter's native
+        # table (set by the adapter; it knows the kernel's reply format and timeouts).
+        self.lookup_prepared: Callable[[int, bytes, Attr], None] | None = None
 
     # --- datasets ----------------------------------------------------------------------------
 
@@ -213,6 +216,33 @@ class FileSystem:
                 ino = dataset.slot << SLOT_SHIFT | entry.ino
                 self.native.register_blocks(ino, source, version, 0, BLOCKS_PER_LOOKUP)
         return self._attr(dataset, entry)
+
+    def prepare_reads(self, name: str, keys: Sequence[str]) -> int:
+        """Do for the files ``keys`` of dataset ``name`` what a LOOKUP of each does for the
+        native path, without the LOOKUP: register the blocks of each that the RAM tier holds
+        and, through :attr:`lookup_prepared`, the LOOKUP reply the adapter would give. A job
+        that then reads them by path (dentries not cached: a fresh mount, a file list instead
+        of a listing) sends LOOKUPs and READs that are all answered in C, where each file
+        otherwise costs a LOOKUP in Python (the preload calls this for the files it
+        fetched). Only files the served snapshot has, with that key, are prepared: this is
+        the reply a LOOKUP would get now, which a refresh forgets as it forgets any LOOKUP
+        reply. Returns how many were prepared; 0 without the native path."""
+        dataset = self.dataset(name)
+        if dataset is None or self.native is None or not keys:
+            return 0
+        slot_bits = dataset.slot << SLOT_SHIFT
+        prepared = 0
+        for key, entry in zip(keys, dataset.snapshot.resolve_many(keys), strict=True):
+            if entry is None or entry.is_dir or entry.key != key:
+                continue
+            version = FileVersion(entry.key, entry.etag, entry.size)
+            ino = slot_bits | entry.ino
+            self.native.register_blocks(ino, dataset.source, version, 0, BLOCKS_PER_LOOKUP)
+            if self.lookup_prepared is not None:  # under the name resolved: the last part
+                name = key.rpartition("/")[2].encode()
+                self.lookup_prepared(slot_bits | entry.parent, name, self._attr(dataset, entry))
+            prepared += 1
+        return prepared
 
     def getattr(self, ino: int) -> Attr:
         if ino == MOUNT_ROOT:

@@ -120,6 +120,13 @@ class FuseOperations(pyfuse3.Operations):
         READDIRPLUS replies carry this adapter's timeouts)."""
         table.configure_listings(NATIVE_LISTING_BYTES, self.entry_timeout, self.attr_timeout)
         self.native_lookups = table
+        self.fs.lookup_prepared = self._lookup_prepared
+
+    def _lookup_prepared(self, parent_inode: int, name: bytes, attr: Attr) -> None:
+        """A LOOKUP reply the core prepared (FileSystem.prepare_reads): into the table, as
+        :meth:`lookup` puts the replies it gives."""
+        if self.native_lookups is not None:
+            self.native_lookups.register_dentry(parent_inode, name, self._entry(attr))
 
     # --- helpers -----------------------------------------------------------------------------
 

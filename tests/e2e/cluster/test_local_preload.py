@@ -17,7 +17,9 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
 from tests.cluster_process import Cluster, read_all, total_bytes
+from tests.e2e.fs.test_no_open import fuse_op_count
 from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import REPO_ROOT, drop_page_cache, start_s3_world
 
@@ -141,6 +143,27 @@ def test_preload_of_a_prefix_then_reads_through_the_mount_make_no_store_gets(wor
     # The count counts: a file the preload did not select comes from the store.
     assert read_all(world.worker.mount, under(world.objects, "val/v0")) == []
     assert object_gets(world, "val/v0.jpg") >= 1
+
+
+@pytest.mark.skipif(not FAST_READ_SUPPORTED, reason="stock pyfuse3: no native path to prepare")
+def test_files_just_preloaded_are_first_read_without_python(world):
+    """The preload leaves each file's LOOKUP reply and blocks in the native table: reading the
+    files by path with every dentry dropped (a job reading a file list) costs Python only the
+    LOOKUPs of the directories on the way, and not one READ."""
+    train = under(world.objects, "train/")
+    done = preload(world, "ds", "--paths", "train/", "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    drop_page_cache()  # dentries too
+    worker = world.worker
+    lookups, reads = fuse_op_count(worker, "lookup"), fuse_op_count(worker, "read")
+    native_before = worker.status()["fuse_fast_read"]
+    assert read_all(worker.mount, train) == []  # byte for byte, by path
+    native_after = worker.status()["fuse_fast_read"]
+    directories = {"ds"} | {os.path.dirname(f"ds/{key}") for key in train}
+    assert fuse_op_count(worker, "lookup") - lookups <= len(directories | {"ds/train"})
+    assert fuse_op_count(worker, "read") == reads
+    assert native_after["lookups"] - native_before["lookups"] == len(train)
+    assert native_after["reads"] > native_before["reads"]
 
 
 def test_fraction_and_byte_budget_select_that_share_of_the_bytes(world):

@@ -36,6 +36,9 @@ class Worker:
     def preload_source(self, dataset: str):
         return self.snapshot, self.config, SOURCE_ID, BLOCK
 
+    async def prepare_reads(self, dataset: str, keys) -> int:
+        return 0  # no mount here: nothing to prepare
+
 
 @pytest.mark.parametrize("lean_s3", [True, False], ids=["lean-client", "boto3"])
 async def test_preload_from_a_throttling_store_retries_and_lowers_its_concurrency(

@@ -59,11 +59,16 @@ class Node:
     metrics: WorkerMetrics
     address: str = ""
     served: set[str] = field(default_factory=lambda: set(SOURCE_IDS))  # what preload_source sees
+    prepared: list[tuple[str, list[str]]] = field(default_factory=list)  # prepare_reads calls
 
     def preload_source(self, dataset: str):
         if dataset not in self.served:
             return None
         return self.snapshot, None, SOURCE_IDS[dataset], BLOCK
+
+    async def prepare_reads(self, dataset: str, keys) -> int:
+        self.prepared.append((dataset, list(keys)))
+        return self.fs.prepare_reads(dataset, list(keys))
 
     def version(self, key: str) -> FileVersion:
         entry = self.snapshot.resolve(key)
@@ -319,6 +324,11 @@ async def test_filler_copies_what_the_sources_hold_and_nothing_else(world):
         assert n3.metrics.fill_bytes == report["copied_bytes"]
         # The source nodes were not "read": a fill keeps no copy looking busy.
         assert all(DATASET not in world.nodes[n].reader.last_read_at for n in ("n1", "n2"))
+        # Before "done", the files of the shards it filled were prepared for native reads.
+        # n3 alone is copy B: it owns every shard, so every file (the empty ones too).
+        assert [(dataset, sorted(keys)) for dataset, keys in n3.prepared] == [
+            (DATASET, sorted(world.files))
+        ]
 
         # Gone from the view: forgotten. Listed again: it runs again, and "done" means that it
         # walked its shards again (nothing left to copy: every block is cached here now).

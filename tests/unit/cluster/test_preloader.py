@@ -34,11 +34,16 @@ class Worker:
     def __init__(self, snapshot: Snapshot, config: StoreConfig):
         self.snapshot, self.config = snapshot, config
         self.served: set[str] = set()
+        self.prepared: list[tuple[str, list[str]]] = []  # prepare_reads calls
 
     def preload_source(self, dataset: str):
         if dataset not in self.served:
             return None
         return self.snapshot, self.config, SOURCE_ID, BLOCK
+
+    async def prepare_reads(self, dataset: str, keys) -> int:
+        self.prepared.append((dataset, list(keys)))
+        return len(keys)
 
 
 def view(nodes: list[str]) -> dict:
@@ -80,6 +85,7 @@ async def test_a_job_for_a_dataset_not_served_yet_runs_once_it_is(tmp_path) -> N
             preloader.assign(the_view["preloads"], {"b": {"A": ["n1", "n2"]}})
             await trio.testing.wait_all_tasks_blocked()
             assert preloader.reports() == {"b-1": {}}  # waiting: nothing planned yet
+            assert worker.prepared == []
 
             worker.served.add("b")  # the dataset is opened; the agent tells the preloader
             preloader.datasets_changed()
@@ -102,6 +108,10 @@ async def test_a_job_for_a_dataset_not_served_yet_runs_once_it_is(tmp_path) -> N
                 block = cache.read(BlockKey.make(SOURCE_ID, key, etag, index))
                 assert block == data[index * BLOCK : (index + 1) * BLOCK], (key, index)
         assert preloader.fetched_blocks == sum(-(-len(files[k]) // BLOCK) for k in mine)
+        # Before its shards were reported complete, the files they hold were prepared for
+        # native reads: this node's files, once each.
+        assert [dataset for dataset, _ in worker.prepared] == ["b"]
+        assert sorted(worker.prepared[0][1]) == sorted(mine)
     finally:
         cache.close()
         snapshot.close()
