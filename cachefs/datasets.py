@@ -26,7 +26,7 @@ from cachefs.cluster.preload import PreloadSource
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, EmptySource
 from cachefs.fs.blocks import DataSource
 from cachefs.fs.core import MOUNT_ROOT, FileSystem, MountedDataset
-from cachefs.fs.native_reads import NATIVE_LOOKUP_NAMES
+from cachefs.fs.native_reads import PREPARED_FILES_MAX
 from cachefs.meta import BuildResult, Entry, Snapshot, SnapshotError, build_snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.protocol import DatasetSpec
@@ -39,10 +39,6 @@ log = logging.getLogger("cachefs.worker")
 
 T = TypeVar("T")
 
-#: Files a preload prepares for the native path (Datasets.prepare_reads): half the table's
-#: LOOKUP replies, so a larger dataset's files, which the table could not keep anyway (it
-#: drops the least recently used), do not push out the replies the running jobs use.
-PREPARED_FILES_MAX = NATIVE_LOOKUP_NAMES // 2
 #: Files prepared between two checkpoints of the trio loop (~30 us each).
 PREPARE_BATCH = 128
 

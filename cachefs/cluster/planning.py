@@ -38,8 +38,14 @@ def plan(
     selection: dict[str, Any],
     block_size: int,
     shards: AbstractSet[int] | None = None,
+    *,
+    elsewhere: list[str] | None = None,
+    elsewhere_max: int = 0,
 ) -> dict[int, list[PlannedObject]]:
-    """The blocks a job selects, per shard (only ``shards`` if given).
+    """The blocks a job selects, per shard (only ``shards`` if given). ``elsewhere``, if
+    given, receives the keys of up to ``elsewhere_max`` files under the job's paths in the
+    other shards (this node reads them from their owners; the preload prepares their LOOKUP
+    replies all the same), from the same walk.
 
     Within a shard, objects are taken in the order of their key hash (deterministic on every
     node, and spread over the namespace) and blocks in file order. With a ``fraction`` f, each
@@ -65,6 +71,8 @@ def plan(
         sizes[shard].append(key_hash << 48 | entry.size)
         if shards is None or shard in shards:
             entries[shard].append((key_hash, entry))
+        elif elsewhere is not None and len(elsewhere) < elsewhere_max:
+            elsewhere.append(entry.key)
     fraction = selection.get("fraction")
     if selection.get("bytes") is not None:
         fraction = min(1.0, selection["bytes"] / total) if total else 1.0

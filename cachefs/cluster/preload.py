@@ -22,12 +22,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol
 
 import trio
 
 from cachefs.background import BackgroundTasks
 from cachefs.cache.base import BlockCache
+from cachefs.fs.native_reads import PREPARED_FILES_MAX
 from cachefs.meta import Snapshot
 from cachefs.store import StoreConfig
 from cachefs.store.concurrency import PRELOAD_BOUNDS, ConcurrencyBounds, ThreadedConcurrency
@@ -180,9 +182,12 @@ class _JobRun:
     async def _run_shards(self, shards: set[int], source: PreloadSource) -> None:
         job, preloader = self.job, self.preloader
         snapshot, config, source_id, block_size = source
-        planned = await trio.to_thread.run_sync(
-            plan, snapshot, job["selection"], block_size, shards
-        )
+        elsewhere: list[str] = []  # files of other nodes' shards: LOOKUP replies only
+        planning = partial(
+            plan, snapshot, job["selection"], block_size, shards,
+            elsewhere=elsewhere, elsewhere_max=PREPARED_FILES_MAX,
+        )  # fmt: skip
+        planned = await trio.to_thread.run_sync(planning)
         for shard in shards:
             objects = planned.get(shard, [])
             self.progress[shard] = ShardProgress(
@@ -202,10 +207,11 @@ class _JobRun:
                 limiter=preloader._pipeline_threads,
             )
             nursery.cancel_scope.cancel()
-        # Before "complete": a job that waits for the preload then reads without a LOOKUP or
-        # READ in Python (blocks the preload could not fetch are simply not registered).
+        # Before "complete": a job that waits for the preload then reads this node's files
+        # without a LOOKUP or READ in Python (blocks the preload could not fetch are simply
+        # not registered), and sends only the READs of other nodes' files there.
         prepared = await preloader._target.prepare_reads(
-            job["dataset"], [obj.key for _, obj in work]
+            job["dataset"], [obj.key for _, obj in work] + elsewhere
         )
         log.debug("preload %s: %d files prepared for native reads", job["id"], prepared)
         for shard in shards:

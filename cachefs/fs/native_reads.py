@@ -57,6 +57,10 @@ from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
 NATIVE_READ_BLOCKS = 1 << 18
 #: Most LOOKUP replies the binding remembers (~200 bytes each; see fuse_ops.FuseOperations).
 NATIVE_LOOKUP_NAMES = 1 << 18
+#: Files one preload job or fill prepares for the native path (FileSystem.prepare_reads): half
+#: the LOOKUP replies, so a larger dataset's files, which the table could not keep anyway (it
+#: drops the least recently registered), do not push out the replies the running jobs use.
+PREPARED_FILES_MAX = NATIVE_LOOKUP_NAMES // 2
 #: Blocks of a file registered when it is looked up (its first blocks) ...
 BLOCKS_PER_LOOKUP = 64
 #: ... and after a Python READ: the blocks it touched and up to this many after them.

@@ -14,7 +14,9 @@ import time
 
 import pytest
 
+from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
 from tests.cluster_process import Cluster, locality_settled, read_all, total_bytes, wait_for
+from tests.e2e.fs.test_no_open import fuse_op_count
 from tests.waiting import WAIT_S
 from tests.worker_process import drop_page_cache
 
@@ -79,9 +81,13 @@ def test_preload_then_every_node_reads_everything_without_the_store(cluster, buc
     assert per_node["n1"]["datasets"][0]["dataset"] == "ds"
 
     fault_proxy.reset_counts()
+    directories = {"ds"} | {os.path.dirname(f"ds/{key}") for key in files} | {"ds/train"}
     for worker in cluster.workers:
-        drop_page_cache()
+        drop_page_cache()  # dentries too
+        lookups = fuse_op_count(worker, "lookup")
         assert read_all(worker.mount, files) == []
+        if FAST_READ_SUPPORTED:  # the preload prepared every file's LOOKUP reply, on each node
+            assert fuse_op_count(worker, "lookup") - lookups <= len(directories)
     assert fault_proxy.count("GET") == 0  # every block came from a node's cache
     for worker in cluster.workers:
         status = worker.status()

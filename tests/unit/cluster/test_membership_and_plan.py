@@ -391,6 +391,25 @@ def test_planning_some_shards_matches_planning_all(snapshot: Snapshot, selection
         assert part == {shard: objs for shard, objs in full.items() if shard in subset}
 
 
+def test_the_same_walk_names_the_files_of_the_other_shards(
+    snapshot: Snapshot, objects: list[ObjectInfo]
+) -> None:
+    """``elsewhere`` gets every file under the paths that the shards planned do not hold,
+    whatever the fraction (a LOOKUP reply is the same for a file not cached), up to its max."""
+    subset = set(range(0, SHARDS, 3))
+    elsewhere: list[str] = []
+    part = plan(snapshot, {"paths": ["train"], "fraction": 0.3}, BS, subset, elsewhere=elsewhere,
+                elsewhere_max=len(objects))  # fmt: skip
+    assert part == plan(snapshot, {"paths": ["train"], "fraction": 0.3}, BS, subset)
+    expected = {
+        o.key for o in objects if o.key.startswith("train/") and shard_of(o.key) not in subset
+    }
+    assert expected and set(elsewhere) == expected and len(elsewhere) == len(expected)
+    capped: list[str] = []
+    plan(snapshot, {}, BS, subset, elsewhere=capped, elsewhere_max=5)
+    assert len(capped) == 5
+
+
 def test_byte_budget(snapshot: Snapshot, objects: list[ObjectInfo]) -> None:
     total = sum(o.size for o in objects)
     for budget in (1, 123_457, 5_000_000, total // 3):

@@ -108,10 +108,11 @@ async def test_a_job_for_a_dataset_not_served_yet_runs_once_it_is(tmp_path) -> N
                 block = cache.read(BlockKey.make(SOURCE_ID, key, etag, index))
                 assert block == data[index * BLOCK : (index + 1) * BLOCK], (key, index)
         assert preloader.fetched_blocks == sum(-(-len(files[k]) // BLOCK) for k in mine)
-        # Before its shards were reported complete, the files they hold were prepared for
-        # native reads: this node's files, once each.
+        # Before its shards were reported complete, the files were prepared for native reads,
+        # once each: this node's files first, then the other node's (LOOKUP replies only).
         assert [dataset for dataset, _ in worker.prepared] == ["b"]
-        assert sorted(worker.prepared[0][1]) == sorted(mine)
+        prepared = worker.prepared[0][1]
+        assert sorted(prepared) == sorted(files) and set(prepared[: len(mine)]) == mine
     finally:
         cache.close()
         snapshot.close()
