@@ -223,10 +223,11 @@ class FileSystem:
         and, through :attr:`lookup_prepared`, the LOOKUP reply the adapter would give. A job
         that then reads them by path (dentries not cached: a fresh mount, a file list instead
         of a listing) sends LOOKUPs and READs that are all answered in C, where each file
-        otherwise costs a LOOKUP in Python (the preload calls this for the files it
-        fetched). Only files the served snapshot has, with that key, are prepared: this is
-        the reply a LOOKUP would get now, which a refresh forgets as it forgets any LOOKUP
-        reply. Returns how many were prepared; 0 without the native path."""
+        otherwise costs a LOOKUP in Python (a preload calls this for the files it fetched and
+        those of other nodes' shards, a fill for the files it copied). Only files the served
+        snapshot has, with that key, are prepared: this is the reply a LOOKUP would get now,
+        which a refresh forgets as it forgets any LOOKUP reply. Returns how many were
+        prepared; 0 without the native path."""
         dataset = self.dataset(name)
         if dataset is None or self.native is None or not keys:
             return 0
@@ -239,8 +240,9 @@ class FileSystem:
             ino = slot_bits | entry.ino
             self.native.register_blocks(ino, dataset.source, version, 0, BLOCKS_PER_LOOKUP)
             if self.lookup_prepared is not None:  # under the name resolved: the last part
-                name = key.rpartition("/")[2].encode()
-                self.lookup_prepared(slot_bits | entry.parent, name, self._attr(dataset, entry))
+                file_name = key.rpartition("/")[2].encode()
+                attr = self._attr(dataset, entry)
+                self.lookup_prepared(slot_bits | entry.parent, file_name, attr)
             prepared += 1
         return prepared
 

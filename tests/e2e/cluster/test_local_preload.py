@@ -166,6 +166,26 @@ def test_files_just_preloaded_are_first_read_without_python(world):
     assert native_after["reads"] > native_before["reads"]
 
 
+def test_a_refresh_or_removal_after_the_preload_forgets_what_it_prepared(world, moto_s3):
+    """The prepared LOOKUP replies and blocks follow a LOOKUP's rules: a file changed in the
+    store and refreshed shows its new bytes and size, a removed dataset's files are gone."""
+    train = under(world.objects, "train/")
+    done = preload(world, "ds", "--paths", "train/", "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    changed = "train/c0/img 0.jpg"
+    new_bytes = random.Random(3).randbytes(len(train[changed]) + 777)
+    moto_s3.put(world.bucket, f"ds/{changed}", new_bytes)
+    world.worker.client.refresh_dataset("ds")
+    drop_page_cache()
+    assert read_all(world.worker.mount, {**train, changed: new_bytes}) == []
+    assert os.stat(os.path.join(world.worker.mount, "ds", changed)).st_size == len(new_bytes)
+
+    world.worker.client.remove_dataset("ds")
+    drop_page_cache()
+    for key in train:
+        assert not os.path.exists(os.path.join(world.worker.mount, "ds", key)), key
+
+
 def test_fraction_and_byte_budget_select_that_share_of_the_bytes(world):
     everything = total_bytes(world.objects)
     half = preload(world, "ds", "--fraction", "0.5", "--wait", "--json")
