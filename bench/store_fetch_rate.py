@@ -248,6 +248,9 @@ def preload(config, objects: int, processes: int, workdir: str, *, lean_s3: bool
         def preload_source(self, dataset):
             return snapshot, config, 1, 4 << 20
 
+        async def prepare_reads(self, dataset, keys):
+            return 0  # no mount here: nothing to prepare
+
     membership = Membership("n1")
     membership.update(
         {

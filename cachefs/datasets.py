@@ -26,7 +26,7 @@ from cachefs.cluster.preload import PreloadSource
 from cachefs.errors import CachefsError, ConfigError, DatasetExists, EmptySource
 from cachefs.fs.blocks import DataSource
 from cachefs.fs.core import MOUNT_ROOT, FileSystem, MountedDataset
-from cachefs.fs.native_reads import PREPARED_FILES_MAX
+from cachefs.fs.native_reads import PREPARED_BLOCKS_MAX, PREPARED_FILES_MAX
 from cachefs.meta import BuildResult, Entry, Snapshot, SnapshotError, build_snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.protocol import DatasetSpec
@@ -39,8 +39,33 @@ log = logging.getLogger("cachefs.worker")
 
 T = TypeVar("T")
 
-#: Files prepared between two checkpoints of the trio loop (~30 us each).
+#: Files prepared between two checkpoints of the trio loop (~30 us each, plus ~10 us per
+#: block registered).
 PREPARE_BATCH = 128
+
+
+async def prepare_in_batches(
+    prepare: Callable[[str, Sequence[str], int], tuple[int, int]],
+    dataset: str,
+    keys: Sequence[str],
+) -> int:
+    """``prepare`` (FileSystem.prepare_reads) over ``keys`` in batches of
+    :data:`PREPARE_BATCH`, with a checkpoint after each, within the caps of
+    :data:`PREPARED_FILES_MAX` files and :data:`PREPARED_BLOCKS_MAX` blocks; the files
+    prepared. An exception is logged and ends it (the reads then reach Python as before)."""
+    files = blocks = 0
+    keys = keys[:PREPARED_FILES_MAX]
+    for start in range(0, len(keys), PREPARE_BATCH):
+        try:
+            done, registered = prepare(
+                dataset, keys[start : start + PREPARE_BATCH], PREPARED_BLOCKS_MAX - blocks
+            )
+        except Exception:  # a damaged snapshot, LMDB out of readers, a bug: reads still work
+            log.exception("preparing native reads of %r stopped", dataset)
+            break
+        files, blocks = files + done, blocks + registered
+        await trio.sleep(0)
+    return files
 
 
 class KernelCache(Protocol):
@@ -227,19 +252,12 @@ class DatasetManager:
         return mounted.snapshot, store_config(spec), source.source_id, source.block_size
 
     async def prepare_reads(self, dataset: str, keys: Sequence[str]) -> int:
-        """Prepare the native path's LOOKUP replies and block entries of files the preload
-        fetched (FileSystem.prepare_reads), at most :data:`PREPARED_FILES_MAX` of them, a
-        batch at a time so that the FUSE requests in between wait for one batch at most."""
-        prepared = 0
-        keys = keys[:PREPARED_FILES_MAX]
-        for start in range(0, len(keys), PREPARE_BATCH):
-            try:
-                prepared += self._fs.prepare_reads(dataset, keys[start : start + PREPARE_BATCH])
-            except CachefsError as exc:  # e.g. a damaged snapshot: the reads will say so
-                log.warning("preparing native reads of %r stopped: %s", dataset, exc)
-                break
-            await trio.sleep(0)
-        return prepared
+        """Prepare the native path's LOOKUP replies and block entries of files a preload or a
+        fill dealt with (FileSystem.prepare_reads): at most :data:`PREPARED_FILES_MAX` files
+        and :data:`PREPARED_BLOCKS_MAX` blocks, a batch at a time so that the FUSE requests
+        in between wait for one batch at most. Only an optimisation: a failure is logged and
+        ends it, never the preload or fill that asked; returns the files prepared."""
+        return await prepare_in_batches(self._fs.prepare_reads, dataset, keys)
 
     # --- periodic refreshes (the worker's housekeeping) --------------------------------------
 

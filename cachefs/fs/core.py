@@ -217,34 +217,37 @@ class FileSystem:
                 self.native.register_blocks(ino, source, version, 0, BLOCKS_PER_LOOKUP)
         return self._attr(dataset, entry)
 
-    def prepare_reads(self, name: str, keys: Sequence[str]) -> int:
+    def prepare_reads(self, name: str, keys: Sequence[str], max_blocks: int) -> tuple[int, int]:
         """Do for the files ``keys`` of dataset ``name`` what a LOOKUP of each does for the
-        native path, without the LOOKUP: register the blocks of each that the RAM tier holds
-        and, through :attr:`lookup_prepared`, the LOOKUP reply the adapter would give. A job
-        that then reads them by path (dentries not cached: a fresh mount, a file list instead
-        of a listing) sends LOOKUPs and READs that are all answered in C, where each file
-        otherwise costs a LOOKUP in Python (a preload calls this for the files it fetched and
-        those of other nodes' shards, a fill for the files it copied). Only files the served
-        snapshot has, with that key, are prepared: this is the reply a LOOKUP would get now,
-        which a refresh forgets as it forgets any LOOKUP reply. Returns how many were
-        prepared; 0 without the native path."""
+        native path, without the LOOKUP: register its leading blocks that the RAM tier holds
+        (at most BLOCKS_PER_LOOKUP, and ``max_blocks`` in all) and, through
+        :attr:`lookup_prepared`, the LOOKUP reply the adapter would give. A job that then
+        reads them by path (dentries not cached: a fresh mount, a file list instead of a
+        listing) has their LOOKUPs, and the READs of those blocks, answered in C, where each
+        file otherwise costs a LOOKUP in Python (a preload calls this for the files it
+        fetched and those of other nodes' shards, a fill for the files it copied). Only files
+        the served snapshot has, with that key, are prepared: this is the reply a LOOKUP
+        would get now, which a refresh forgets as it forgets any LOOKUP reply. Returns (files
+        prepared, blocks registered); (0, 0) without the native path."""
         dataset = self.dataset(name)
         if dataset is None or self.native is None or not keys:
-            return 0
+            return 0, 0
         slot_bits = dataset.slot << SLOT_SHIFT
-        prepared = 0
+        prepared = blocks = 0
         for key, entry in zip(keys, dataset.snapshot.resolve_many(keys), strict=True):
             if entry is None or entry.is_dir or entry.key != key:
                 continue
             version = FileVersion(entry.key, entry.etag, entry.size)
             ino = slot_bits | entry.ino
-            self.native.register_blocks(ino, dataset.source, version, 0, BLOCKS_PER_LOOKUP)
+            count = min(BLOCKS_PER_LOOKUP, max_blocks - blocks)
+            if count > 0:
+                blocks += self.native.register_blocks(ino, dataset.source, version, 0, count)
             if self.lookup_prepared is not None:  # under the name resolved: the last part
                 file_name = key.rpartition("/")[2].encode()
                 attr = self._attr(dataset, entry)
                 self.lookup_prepared(slot_bits | entry.parent, file_name, attr)
             prepared += 1
-        return prepared
+        return prepared, blocks
 
     def getattr(self, ino: int) -> Attr:
         if ino == MOUNT_ROOT:

@@ -61,6 +61,9 @@ NATIVE_LOOKUP_NAMES = 1 << 18
 #: the LOOKUP replies, so a larger dataset's files, which the table could not keep anyway (it
 #: drops the least recently registered), do not push out the replies the running jobs use.
 PREPARED_FILES_MAX = NATIVE_LOOKUP_NAMES // 2
+#: ... and blocks, for the same reason (a file registers up to BLOCKS_PER_LOOKUP of them); past
+#: this the files get their LOOKUP replies only.
+PREPARED_BLOCKS_MAX = NATIVE_READ_BLOCKS // 2
 #: Blocks of a file registered when it is looked up (its first blocks) ...
 BLOCKS_PER_LOOKUP = 64
 #: ... and after a Python READ: the blocks it touched and up to this many after them.

@@ -180,8 +180,16 @@ def test_a_refresh_or_removal_after_the_preload_forgets_what_it_prepared(world, 
     assert read_all(world.worker.mount, {**train, changed: new_bytes}) == []
     assert os.stat(os.path.join(world.worker.mount, "ds", changed)).st_size == len(new_bytes)
 
-    world.worker.client.remove_dataset("ds")
-    drop_page_cache()
+    # A directory held open keeps its inode: a LOOKUP under it after the removal reaches the
+    # worker (not stopped at the mount root), and must not find the prepared reply.
+    held = os.open(os.path.join(world.worker.mount, "ds", "train", "c0"), os.O_RDONLY)
+    try:
+        world.worker.client.remove_dataset("ds")
+        drop_page_cache()
+        with pytest.raises(FileNotFoundError):
+            os.stat("img 0.jpg", dir_fd=held)
+    finally:
+        os.close(held)
     for key in train:
         assert not os.path.exists(os.path.join(world.worker.mount, "ds", key)), key
 

@@ -68,7 +68,7 @@ class Node:
 
     async def prepare_reads(self, dataset: str, keys) -> int:
         self.prepared.append((dataset, list(keys)))
-        return self.fs.prepare_reads(dataset, list(keys))
+        return self.fs.prepare_reads(dataset, list(keys), 1 << 20)[0]
 
     def version(self, key: str) -> FileVersion:
         entry = self.snapshot.resolve(key)

@@ -35,6 +35,8 @@ class Worker:
         self.snapshot, self.config = snapshot, config
         self.served: set[str] = set()
         self.prepared: list[tuple[str, list[str]]] = []  # prepare_reads calls
+        self.preloader: Preloader | None = None
+        self.reports_when_prepared: list[dict] = []
 
     def preload_source(self, dataset: str):
         if dataset not in self.served:
@@ -43,6 +45,8 @@ class Worker:
 
     async def prepare_reads(self, dataset: str, keys) -> int:
         self.prepared.append((dataset, list(keys)))
+        if self.preloader is not None:  # what the job reported then
+            self.reports_when_prepared.append(self.preloader.reports())
         return len(keys)
 
 
@@ -76,7 +80,9 @@ async def test_a_job_for_a_dataset_not_served_yet_runs_once_it_is(tmp_path) -> N
         membership = Membership("n1")
         the_view = view(["n1", "n2"])
         membership.update(the_view)
-        preloader = Preloader(worker, cache, membership, FetcherPool(0), concurrency=4)
+        preloader = worker.preloader = Preloader(
+            worker, cache, membership, FetcherPool(0), concurrency=4
+        )
         owners = owner_table("b", ["n1", "n2"])
         mine = {key for key in files if owners[shard_of(key)] == "n1"}
         owned_shards = {shard for shard, owner in enumerate(owners) if owner == "n1"}
@@ -113,6 +119,8 @@ async def test_a_job_for_a_dataset_not_served_yet_runs_once_it_is(tmp_path) -> N
         assert [dataset for dataset, _ in worker.prepared] == ["b"]
         prepared = worker.prepared[0][1]
         assert sorted(prepared) == sorted(files) and set(prepared[: len(mine)]) == mine
+        (then,) = worker.reports_when_prepared
+        assert then["b-1"] and not any(r["complete"] for r in then["b-1"].values())
     finally:
         cache.close()
         snapshot.close()

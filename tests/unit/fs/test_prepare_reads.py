@@ -10,6 +10,7 @@ import random
 
 import trio
 
+from cachefs import datasets
 from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.fs.blocks import BlockReader, DataSource, ReadLimits
 from cachefs.fs.core import MOUNT_ROOT, Attr, FileSystem, MountedDataset
@@ -67,7 +68,7 @@ async def test_prepared_files_get_their_lookup_reply_and_their_cached_blocks(tmp
     fs.add_dataset(MountedDataset("ds", 1, snapshot, DataSource("ds", store, 1, BLOCK)))
     replies: list[tuple[int, bytes, Attr]] = []
     try:
-        assert fs.prepare_reads("ds", list(files)) == 0  # no native path: nothing to prepare
+        assert fs.prepare_reads("ds", list(files), 100) == (0, 0)  # no native path
         table = RecordingTable()
         fs.native = NativeReads(table, cache, reader)  # type: ignore[arg-type]
         fs.lookup_prepared = lambda parent, name, attr: replies.append((parent, name, attr))
@@ -82,7 +83,8 @@ async def test_prepared_files_get_their_lookup_reply_and_their_cached_blocks(tmp
         table.registered.clear()
 
         asked = ["a/two.bin", "a/cold.bin", "top.bin", "a", "missing.bin", "a/two.bin/x"]
-        assert fs.prepare_reads("ds", asked) == 3  # the three files; not a directory or a miss
+        # The three files (not a directory or a miss), and their cached blocks.
+        assert fs.prepare_reads("ds", asked, 100) == (3, 3)
         assert sorted(table.registered) == sorted([(two, 0), (two, 1), (top, 0)])
         # Each reply is the one a LOOKUP of that name gives, under the directory it is in.
         expected = [
@@ -91,8 +93,37 @@ async def test_prepared_files_get_their_lookup_reply_and_their_cached_blocks(tmp
             (root, b"top.bin", fs.lookup(root, b"top.bin")),
         ]
         assert replies == expected
-        assert fs.prepare_reads("other", ["top.bin"]) == 0  # no such dataset
+        assert fs.prepare_reads("other", ["top.bin"], 100) == (0, 0)  # no such dataset
+
+        # Past the block budget the files get their LOOKUP replies only.
+        table.registered.clear()
+        replies.clear()
+        assert fs.prepare_reads("ds", ["a/two.bin", "top.bin"], 1) == (2, 1)
+        assert table.registered == [(two, 0)] and len(replies) == 2
     finally:
         cache.close()
         snapshot.close()
         store.close()
+
+
+async def test_batches_stay_within_the_caps_and_a_failure_only_ends_them(monkeypatch):
+    """DatasetManager.prepare_reads's loop (prepare_in_batches) over a recording prepare."""
+    monkeypatch.setattr(datasets, "PREPARE_BATCH", 3)
+    monkeypatch.setattr(datasets, "PREPARED_FILES_MAX", 8)
+    monkeypatch.setattr(datasets, "PREPARED_BLOCKS_MAX", 5)
+    calls: list[tuple[list[str], int]] = []
+
+    def prepare(dataset: str, keys, max_blocks: int) -> tuple[int, int]:
+        calls.append((list(keys), max_blocks))
+        return len(keys), min(2, max_blocks)  # two blocks registered while the budget allows
+
+    keys = [f"f{i}" for i in range(20)]
+    assert await datasets.prepare_in_batches(prepare, "ds", keys) == 8  # the file cap
+    assert calls == [(["f0", "f1", "f2"], 5), (["f3", "f4", "f5"], 3), (["f6", "f7"], 1)]
+
+    def failing(dataset: str, keys, max_blocks: int) -> tuple[int, int]:
+        if keys[0] == "f3":
+            raise RuntimeError("LMDB out of readers")
+        return len(keys), 0
+
+    assert await datasets.prepare_in_batches(failing, "ds", keys) == 3  # the first batch
