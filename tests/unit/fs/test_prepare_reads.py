@@ -18,32 +18,9 @@ from cachefs.fs.native_reads import NativeReads
 from cachefs.meta import Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.store import StoreConfig, open_store
+from tests.fakes.native_table import RecordingTable
 
 BLOCK = 16 * 1024
-
-
-class RecordingTable:
-    """Stands in for the binding's table (NativeReadTable): records the blocks registered."""
-
-    def __init__(self) -> None:
-        self.registered: list[tuple[int, int]] = []  # (inode, block index)
-
-    def configure(self, chunk_size, max_blocks, max_names) -> None:
-        pass
-
-    def register(self, ino, index, block_size, file_size, file_id, path, length, sums,
-                 written_ino=0, written_ctime_ns=0) -> bool:  # fmt: skip
-        self.registered.append((ino, index))
-        return True
-
-    def forget_file(self, file_id) -> None:
-        pass
-
-    def forget_inodes(self, lo, hi) -> None:
-        pass
-
-    def clear(self) -> None:
-        pass
 
 
 async def test_prepared_files_get_their_lookup_reply_and_their_cached_blocks(tmp_path):
@@ -80,12 +57,12 @@ async def test_prepared_files_get_their_lookup_reply_and_their_cached_blocks(tmp
             for offset in range(0, len(data), BLOCK):  # cold reads: admitted to the RAM tier
                 assert await fs.read_inode(ino, offset, BLOCK) == data[offset : offset + BLOCK]
         await trio.sleep(0)
-        table.registered.clear()
+        table.blocks.clear()
 
         asked = ["a/two.bin", "a/cold.bin", "top.bin", "a", "missing.bin", "a/two.bin/x"]
         # The three files (not a directory or a miss), and their cached blocks.
         assert fs.prepare_reads("ds", asked, 100) == (3, 3)
-        assert sorted(table.registered) == sorted([(two, 0), (two, 1), (top, 0)])
+        assert sorted(table.blocks) == sorted([(two, 0), (two, 1), (top, 0)])
         # Each reply is the one a LOOKUP of that name gives, under the directory it is in.
         expected = [
             (a, b"two.bin", fs.lookup(a, b"two.bin")),
@@ -96,10 +73,10 @@ async def test_prepared_files_get_their_lookup_reply_and_their_cached_blocks(tmp
         assert fs.prepare_reads("other", ["top.bin"], 100) == (0, 0)  # no such dataset
 
         # Past the block budget the files get their LOOKUP replies only.
-        table.registered.clear()
+        table.blocks.clear()
         replies.clear()
         assert fs.prepare_reads("ds", ["a/two.bin", "top.bin"], 1) == (2, 1)
-        assert table.registered == [(two, 0)] and len(replies) == 2
+        assert table.blocks == [(two, 0)] and len(replies) == 2
     finally:
         cache.close()
         snapshot.close()

@@ -20,34 +20,11 @@ from cachefs.fs.native_reads import NativeReads
 from cachefs.meta import Snapshot, build_snapshot
 from cachefs.metrics import WorkerMetrics
 from cachefs.store import StoreConfig, open_store
+from tests.fakes.native_table import RecordingTable
 from tests.waiting import wait_until
 
 BLOCK = 16 * 1024
 MARKERS = {2, 5, 8, 11}  # of the batch the read of block 1 starts (blocks 2..13)
-
-
-class RecordingTable:
-    """Stands in for the binding's table (NativeReadTable): records the blocks registered."""
-
-    def __init__(self) -> None:
-        self.registered: list[int] = []
-
-    def configure(self, chunk_size, max_blocks, max_names) -> None:
-        pass
-
-    def register(self, ino, index, block_size, file_size, file_id, path, length, sums,
-                 written_ino=0, written_ctime_ns=0) -> bool:  # fmt: skip
-        self.registered.append(index)
-        return True
-
-    def forget_file(self, file_id) -> None:
-        pass
-
-    def forget_inodes(self, lo, hi) -> None:
-        pass
-
-    def clear(self) -> None:
-        pass
 
 
 async def test_markers_enter_the_native_table_only_after_a_read_of_them(tmp_path):
