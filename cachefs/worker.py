@@ -37,7 +37,7 @@ from cachefs.mountpoint import forget_mount, prepare_mountpoint, remember_mount
 from cachefs.node import Node, tier_configs, tier_requests
 from cachefs.pidlock import WORKER_LOCK_NAME, LockHeld, take_pid_lock
 from cachefs.settings import WorkerConfig
-from cachefs.status import mapped_file_bytes
+from cachefs.status import mapped_file_bytes, note_frozen
 
 log = logging.getLogger("cachefs.worker")
 
@@ -243,3 +243,4 @@ def tune_gc() -> None:
     did not show it and a young generation of 50,000 objects keeps more memory in flight), and
     reference counting frees everything else at once."""
     gc.freeze()
+    note_frozen()  # counted once: counting walks every frozen object

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 
+from cachefs.status import frozen_objects
 from cachefs.worker import tune_gc
 
 
@@ -15,6 +16,7 @@ def test_tune_gc_freezes_what_is_alive_and_later_cycles_are_still_collected():
         alive = [object(), {"kept": []}]  # tracked containers, alive when the worker serves
         tune_gc()
         assert gc.get_freeze_count() >= 1
+        assert frozen_objects() == gc.get_freeze_count()  # what `cachefs status` shows
         assert gc.get_threshold() == before  # young collections as before
         assert not any(obj is alive[1] for obj in gc.get_objects())  # out of every generation
         cycle: list = []
