@@ -29,8 +29,9 @@ from cachefs.metrics import WorkerMetrics, counter, gauge, labelled_counter, mak
 from cachefs.settings import WorkerConfig
 
 #: How many objects the worker froze out of the garbage collector, counted once when it froze
-#: them (:func:`note_frozen`): ``gc.get_freeze_count()`` walks every frozen object (3.8 ms
-#: for 300,000, holding the GIL on the FUSE loop), and `cachefs stats` asks every second.
+#: them (:func:`note_frozen`): ``gc.get_freeze_count()`` walks every frozen object, on the
+#: FUSE loop (~91,000 in a worker with no dataset: ~12 ms per status request,
+#: bench/results/status/2026-12-03.md), and `cachefs stats` asks every second.
 _frozen_objects = 0
 
 
