@@ -675,9 +675,7 @@ class WorkerProcess(processes.WorkerProcess):
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the worker process has used so far (all its threads)."""
-        with open(f"/proc/{self.process.pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return processes.cpu_seconds(self.process.pid)
 
     def write_syscalls(self) -> int:
         """write/writev calls the worker has made: during a pass almost all are FUSE replies

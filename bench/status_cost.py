@@ -16,13 +16,7 @@ import platform
 import tempfile
 import time
 
-from harness.processes import WorkerProcess
-
-
-def worker_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from harness.processes import WorkerProcess, cpu_seconds
 
 
 def measure(calls: int) -> dict:
@@ -32,10 +26,10 @@ def measure(calls: int) -> dict:
             assert worker.proc is not None
             for _ in range(20):  # warm: imports, first-call caches
                 frozen = worker.client.status()["gc"]["frozen_objects"]
-            cpu_before, started = worker_cpu_s(worker.proc.pid), time.perf_counter()
+            cpu_before, started = cpu_seconds(worker.proc.pid), time.perf_counter()
             for _ in range(calls):
                 worker.client.status()
-            cpu = worker_cpu_s(worker.proc.pid) - cpu_before
+            cpu = cpu_seconds(worker.proc.pid) - cpu_before
             wall = time.perf_counter() - started
         finally:
             worker.stop()

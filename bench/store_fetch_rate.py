@@ -47,6 +47,7 @@ import time
 import trio
 
 from cachefs.units import parse_size
+from harness.processes import cpu_seconds
 
 BUCKET = "bench"
 #: Where the preload rows keep their RAM tier: tmpfs where there is one.
@@ -62,13 +63,7 @@ def _forkserver_cpu() -> float:
     from multiprocessing import forkserver
 
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    return _cpu_of(pid) if pid else 0.0
-
-
-def _cpu_of(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(pid) if pid else 0.0
 
 
 def _raw_process(endpoint, objects, size, threads, etags, out) -> None:
@@ -185,12 +180,12 @@ def _fetcher_get(config, objects, size, threads, etags, *, lean_s3: bool) -> dic
     workers = [
         threading.Thread(target=getter, args=(range(t, objects, threads),)) for t in range(threads)
     ]
-    cpu_before, started = _cpu_of(pid), time.perf_counter()
+    cpu_before, started = cpu_seconds(pid), time.perf_counter()
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    seconds, cpu = time.perf_counter() - started, _cpu_of(pid) - cpu_before
+    seconds, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu_before
     pool.close()
     result = {"seconds": seconds, "cpu_s": cpu, "errors": errors[:3], "error_count": len(errors)}
     client = "lean" if lean_s3 else "boto3"
@@ -234,7 +229,7 @@ def preload(config, objects: int, processes: int, workdir: str, *, lean_s3: bool
     def pool_cpu() -> float:
         # The fetchers', and the forkserver's (their parent, which starts them; it may have
         # run for earlier rows too, so only differences count).
-        return sum(_cpu_of(pid) for pid in pool.pids()) + _forkserver_cpu()
+        return sum(cpu_seconds(pid) for pid in pool.pids()) + _forkserver_cpu()
 
     cpu_before = pool_cpu()
     started = time.perf_counter()

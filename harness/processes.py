@@ -66,6 +66,14 @@ def force_unmount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True, check=False)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time process ``pid`` has used so far (all its threads), from
+    /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()  # the name may hold ") "
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def drop_page_cache() -> None:
     """Drop clean pages, dentries and inodes, so the next reads reach the filesystem (root)."""
     os.sync()
