@@ -55,6 +55,7 @@ from bench.lean_s3 import LeanS3Process
 from bench.read_bench import MOTO_ENV, MotoProcess
 from bench.suite.backend import ProxyProcess
 from cachefs.units import format_size, parse_size
+from harness.processes import cpu_seconds
 
 BUCKET = "store-ceiling"
 STORES = ("moto", "lean")
@@ -106,15 +107,12 @@ class PassResult:
 
 def process_tree_cpu_s(pid: int) -> float:
     """User + system CPU seconds of ``pid`` and its children (lean_s3's server processes)."""
-    ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
     pending = [pid]
     while pending:
         current = pending.pop()
         try:
-            with open(f"/proc/{current}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
+            total += cpu_seconds(current)
             with open(f"/proc/{current}/task/{current}/children") as children:
                 pending += [int(child) for child in children.read().split()]
         except (FileNotFoundError, ProcessLookupError):
