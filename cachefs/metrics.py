@@ -326,6 +326,12 @@ class _WorkerCollector(Collector):
             value=native.get("open_files", 0),
         )
         yield CounterMetricFamily(
+            "cachefs_peer_fast_answers",
+            "Peer block requests answered natively (in C, from the native READ table) "
+            "instead of in Python; also counted in cachefs_peer_blocks_served",
+            value=native.get("peer_answers", 0),
+        )
+        yield CounterMetricFamily(
             "cachefs_fuse_fast_reads_spliced",
             "READs answered natively by splicing chunks checked before from their block file "
             "(--fuse-passthrough: no copy through the worker)",

@@ -239,6 +239,7 @@ class Node(WorkerAPI):
             self.fs.serve_peer_block,
             following.token,
             serve_cached_now=self.fs.peer_block_if_cached,
+            answer_natively=self.fs.answer_peers_natively,
         )
         return ClusterParts(routing, peer_server, preloader, filler, tasks, agent)
 

@@ -34,7 +34,7 @@ from cachefs.fs.native_reads import (
 from cachefs.fs.permissions import MountPermissions, shown_mode
 from cachefs.meta import ROOT as SNAPSHOT_ROOT
 from cachefs.meta import Entry, Snapshot
-from cachefs.peer.base import BlockRequest, NotCached
+from cachefs.peer.base import BlockRequest, NativeAnswers, NotCached
 
 MOUNT_ROOT = 1
 SLOT_SHIFT = 48
@@ -412,16 +412,54 @@ class FileSystem:
         tier (checked there, as it would be); None in every other case — another tier, not
         cached, not this snapshot's file — which :meth:`serve_peer_block` then handles."""
         try:
-            source, version = self._peer_file(request)
+            dataset, entry = self._peer_entry(request)
         except LookupError:
             return None
-        return self.reader.ram_block_now(
+        source, version = dataset.source, FileVersion(entry.key, entry.etag, entry.size)
+        block = self.reader.ram_block_now(
             source, version, request.index, a_read=not request.cached_only
         )
+        if block is not None and self.native is not None:
+            # The next requests for this file's blocks are answered by the native table
+            # (answer_peers_natively), as a Python READ registers what follows it.
+            self.native.register_blocks(
+                dataset.slot << SLOT_SHIFT | entry.ino, source, version, request.index,
+                1 + BLOCKS_AHEAD_OF_READ,
+            )  # fmt: skip
+        return block
+
+    def answer_peers_natively(
+        self, sock_fd: int, frames: memoryview, max_answers: int
+    ) -> NativeAnswers | None:
+        """Answer on the peer connection ``sock_fd`` the request frames at the start of
+        ``frames`` whose blocks are in the native table (the peer server's
+        ``answer_natively``), as :meth:`peer_block_if_cached` and the server would: None
+        without the native path. The table holds only what the snapshot served now has (its
+        coherence rules, cachefs/fs/native_reads.py), so these answers need no lookup here;
+        the datasets of the plain (not cached-only) requests count as read now."""
+        native = self.native
+        if native is None:
+            return None
+        consumed, answered, plain_inos, partial = native.table.answer_peers(
+            sock_fd, frames, max_answers
+        )
+        if answered:
+            self.reader.metrics.peer_served += answered
+            now = time.time()
+            for slot in {ino >> SLOT_SHIFT for ino in plain_inos}:
+                dataset = self._by_slot.get(slot)
+                if dataset is not None:
+                    self.reader.last_read_at[dataset.source.dataset] = now
+        return NativeAnswers(consumed, answered, partial)
 
     def _peer_file(self, request: BlockRequest) -> tuple[DataSource, FileVersion]:
         """The source and file version a peer's request names, if they are the ones our
         snapshot serves (same block size, etag and size); LookupError otherwise."""
+        dataset, entry = self._peer_entry(request)
+        return dataset.source, FileVersion(entry.key, entry.etag, entry.size)
+
+    def _peer_entry(self, request: BlockRequest) -> tuple[MountedDataset, Entry]:
+        """:meth:`_peer_file`'s dataset and snapshot entry."""
         dataset = self.dataset(request.dataset)
         if dataset is None or dataset.source.block_size != request.block_size:
             raise LookupError(request.dataset)
@@ -432,7 +470,7 @@ class FileSystem:
             or (entry.etag, entry.size) != (request.etag, request.size)
         ):
             raise LookupError(request.key)
-        return dataset.source, FileVersion(entry.key, entry.etag, entry.size)
+        return dataset, entry
 
     def release(self, fh: int) -> None:
         self._open.pop(fh, None)

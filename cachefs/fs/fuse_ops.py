@@ -371,6 +371,12 @@ class _CachefsPatch(Protocol):
         written_ctime_ns: int = 0,
     ) -> bool: ...
     def fast_read_forget_file(self, file_id: int) -> None: ...
+
+    def fast_peer_register(self, ino: int, name: bytes) -> bool: ...
+
+    def fast_peer_answer(
+        self, sock_fd: int, frames: memoryview, max_answers: int
+    ) -> tuple[int, int, list[int], tuple[bytes, int, int, int] | None]: ...
     def fast_listing_configure(
         self, max_bytes: int, entry_timeout: float, attr_timeout: float
     ) -> None: ...
@@ -414,6 +420,14 @@ class _PyfuseNativeReadTable:
 
     def forget_file(self, file_id: int) -> None:
         _patched.fast_read_forget_file(file_id)
+
+    def register_peer_name(self, ino: int, identity: bytes) -> bool:
+        return _patched.fast_peer_register(ino, identity)
+
+    def answer_peers(
+        self, sock_fd: int, frames: memoryview, max_answers: int
+    ) -> tuple[int, int, list[int], tuple[bytes, int, int, int] | None]:
+        return _patched.fast_peer_answer(sock_fd, frames, max_answers)
 
     def configure_listings(self, max_bytes: int, entry_timeout: float, attr_timeout: float) -> None:
         _patched.fast_listing_configure(max_bytes, entry_timeout, attr_timeout)

@@ -52,6 +52,7 @@ from typing import Protocol
 
 from cachefs.cache.base import CHUNK_SIZE, BlockCache
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.peer.wire import file_identity
 
 #: Most blocks the native table keeps (~200 bytes each with its path and checksums).
 NATIVE_READ_BLOCKS = 1 << 18
@@ -103,6 +104,12 @@ class NativeReadTable(Protocol):
     ) -> bool: ...
 
     def forget_file(self, file_id: int) -> None: ...
+
+    def register_peer_name(self, ino: int, identity: bytes) -> bool: ...
+
+    def answer_peers(
+        self, sock_fd: int, frames: memoryview, max_answers: int
+    ) -> tuple[int, int, list[int], tuple[bytes, int, int, int] | None]: ...
 
     def configure_listings(
         self, max_bytes: int, entry_timeout: float, attr_timeout: float
@@ -187,6 +194,11 @@ class NativeReads:
                 found.size, found.chunk_checksums, written_ino, written_ctime_ns,
             ):  # fmt: skip
                 registered += 1
+        if registered:  # peers' requests for this version are answered from the table too
+            self.table.register_peer_name(
+                ino,
+                file_identity(source.dataset, version.etag, version.key, version.size, block_size),
+            )
         return registered
 
     def forget_inodes(self, lo: int, hi: int) -> None:

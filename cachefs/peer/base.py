@@ -66,3 +66,15 @@ class BlockRequest:
     def length(self) -> int:
         """Bytes in this block: a full block except for the object's last one."""
         return min(self.block_size, self.size - self.index * self.block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeAnswers:
+    """What an owner's native table answered of the request frames it was handed
+    (cachefs_fast_read.c, "peer answers"): ``consumed`` bytes of whole frames, ``answered``
+    answers sent; ``partial``: None, or the last answer's ``(head, fd, length, sent)`` when the
+    socket did not take it whole (the caller sends the rest from ``fd`` and closes it)."""
+
+    consumed: int
+    answered: int
+    partial: tuple[bytes, int, int, int] | None

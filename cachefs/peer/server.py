@@ -27,7 +27,7 @@ import trio
 from cachefs.cache.base import CHUNK_CHECKSUM_LEN, CHUNK_SIZE, CheckedBlock, OpenBlock, chunk_count
 from cachefs.errors import CachefsError
 from cachefs.peer import wire
-from cachefs.peer.base import BlockRequest, NotCached
+from cachefs.peer.base import BlockRequest, NativeAnswers, NotCached
 from cachefs.peer.stream import (
     ConnectionEnded,
     FrameReader,
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 ServeBlock = Callable[[BlockRequest], Awaitable[CheckedBlock | OpenBlock]]
 ServeCachedNow = Callable[[BlockRequest], CheckedBlock | OpenBlock | None]
+#: (socket fd, received frames, most answers) -> what was answered, or None: not available.
+AnswerNatively = Callable[[int, memoryview, int], NativeAnswers | None]
 
 #: A client that has not finished its handshake after this long is dropped.
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -49,6 +51,9 @@ SEND_TIMEOUT_S = 30.0
 DEFAULT_MAX_INFLIGHT = 64
 #: Requests a connection's reader answers inline in a row before it lets other tasks run.
 INLINE_BETWEEN_CHECKPOINTS = 8
+#: Requests the native table answers in one go (one call, no Python per request) before the
+#: connection's reader lets other tasks run.
+NATIVE_ANSWERS_IN_A_ROW = 32
 
 
 class PeerServer:
@@ -60,6 +65,7 @@ class PeerServer:
         token: str,
         *,
         serve_cached_now: ServeCachedNow | None = None,
+        answer_natively: AnswerNatively | None = None,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
         send_timeout_s: float = SEND_TIMEOUT_S,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
@@ -76,11 +82,17 @@ class PeerServer:
         then answers the request itself, without a task, and writes the answer without waiting
         when the socket takes it all (else a task sends the rest). A profile of the owner put
         most of its CPU per block in the task, its cancel scope and trio's checkpoints around
-        each send, not in the block. Anything else goes through ``serve_block``."""
+        each send, not in the block. Anything else goes through ``serve_block``.
+
+        ``answer_natively``, if given, is offered the frames received before any of them is
+        parsed here, whenever no answer is being sent: it answers those at the front whose
+        blocks the node's native table holds (cachefs_fast_read.c, "peer answers": no Python
+        per request) and says how far it got; the rest go the ways above."""
         if not token:
             raise ValueError("the peer token must not be empty")
         self._serve_block = serve_block
         self._serve_cached_now = serve_cached_now
+        self._answer_natively = answer_natively
         self._token = token.encode()
         self._max_inflight = max_inflight
         self._send_timeout_s = send_timeout_s
@@ -161,6 +173,13 @@ class PeerServer:
     ) -> None:
         answered_inline = 0
         while True:
+            if self._answer_natively is not None:
+                await reader.wait_for(wire.REQUEST.size)
+                if send_lock.value == 1 and self._answered_natively(
+                    stream, reader, send_lock, answers
+                ):
+                    await trio.lowlevel.checkpoint()  # up to NATIVE_ANSWERS_IN_A_ROW at once
+                    continue
             head = await reader.exactly(wire.REQUEST.size)
             try:
                 names = await reader.exactly(wire.request_names_length(head))
@@ -187,6 +206,33 @@ class PeerServer:
                 continue
             self.inflight += 1
             answers.start_soon(self._answer, stream, send_lock, request_id, request)
+
+    def _answered_natively(
+        self,
+        stream: trio.SocketStream,
+        reader: FrameReader,
+        send_lock: trio.Semaphore,
+        answers: trio.Nursery,
+    ) -> bool:
+        """Let ``answer_natively`` answer the frames at the front of what was received; True
+        if it answered any. An answer the socket did not take whole is finished by a task
+        that holds the send lock, as :meth:`_answer_now` does."""
+        assert self._answer_natively is not None
+        try:
+            done = self._answer_natively(
+                stream.socket.fileno(), reader.unread(), NATIVE_ANSWERS_IN_A_ROW
+            )
+        except OSError as err:  # an answer's head went out: the connection must go
+            raise trio.BrokenResourceError(f"send: {err}") from err
+        if done is None or not done.answered:
+            return False
+        reader.skip(done.consumed)
+        if done.partial is not None:
+            head, fd, length, sent = done.partial
+            send_lock.acquire_nowait()
+            block = OpenBlock(fd, length, b"")  # the checksums went out with the head
+            answers.start_soon(self._finish, stream, send_lock, head, block, sent)
+        return True
 
     def _answer_now(
         self,

@@ -61,6 +61,20 @@ class FrameReader:
         self._start += count
         return bytes(self._view[start : self._start])
 
+    async def wait_for(self, count: int) -> None:
+        """Wait until ``count`` unread bytes are buffered, taking none of them."""
+        if self._end - self._start < count:
+            await self._receive(count)
+
+    def unread(self) -> memoryview:
+        """The bytes received and not yet taken (valid until the next read or skip)."""
+        return self._view[self._start : self._end]
+
+    def skip(self, count: int) -> None:
+        """Take ``count`` unread bytes that were handled in place (see :meth:`unread`)."""
+        assert count <= self._end - self._start
+        self._start += count
+
     async def _receive(self, count: int) -> None:
         """Read until ``count`` unread bytes are buffered."""
         self._make_room(count)

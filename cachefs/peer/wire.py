@@ -79,6 +79,16 @@ def encode_request(request_id: int, req: BlockRequest) -> bytes:
     return b"".join((head, dataset, etag, key))
 
 
+def file_identity(dataset: str, etag: str, key: str, size: int, block_size: int) -> bytes:
+    """The bytes every request for a block of this file version carries, whatever its id,
+    flags and block index: the head's name lengths and file size (bytes 6..22), its block size
+    (bytes 30..34), then the names. An owner's native table answers the requests whose bytes
+    are these (cachefs_fast_read.c, "peer answers"); a change to REQUEST changes them too."""
+    names = [n.encode("utf-8", "surrogateescape") for n in (dataset, etag, key)]
+    head = REQUEST.pack(0, 0, *(len(n) for n in names), size, 0, block_size)
+    return b"".join((head[6:22], head[30:34], *names))
+
+
 def request_names_length(head: bytes) -> int:
     """Bytes of names that follow a request head; ValueError past the bounds."""
     _, _, dataset_len, etag_len, key_len, _, _, _ = REQUEST.unpack(head)

@@ -32,7 +32,9 @@ With ``pyfuse3.fast_passthrough(True)`` before the mount, FUSE_INIT also asks
 the kernel for FUSE passthrough (Linux >= 6.9; libfuse 3.14 cannot, so its INIT reply is
 captured and extended: see "passthrough" in ``cachefs_fast_read.c``); granted, OPEN and RELEASE
 are answered in C and a file whose one block is in the table is read by the kernel from the
-block file. ``pyfuse3.FAST_READ`` says the patch is there;
+block file. ``pyfuse3.fast_peer_answer`` answers another worker's block requests from the same
+table (cachefs/peer/server.py hands it the frames received; see "peer answers" in
+``cachefs_fast_read.c``). ``pyfuse3.FAST_READ`` says the patch is there;
 the table's Python API is ``pyfuse3.fast_read_*`` (see cachefs/fs/native_reads.py for how cachefs
 keeps it coherent). Stock pyfuse3 still works: cachefs then serves every READ in Python.
 

@@ -41,6 +41,8 @@
 #include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <stdlib.h>
@@ -108,6 +110,10 @@ struct cfr_file {
     uint64_t held;                /* blocks of it in the table */
     cfr_file *next_by_ino;        /* chain of the by-inode table */
     cfr_file *prev_all, *next_all;
+    unsigned char *peer_name;     /* the file's name in peer requests, or NULL (see "peer */
+    size_t peer_name_len;         /* answers" below) ... */
+    uint64_t peer_hash;           /* ... its hash ... */
+    cfr_file *next_by_peer;       /* ... and the chain of the by-peer-name table */
     cfr_block *blocks[];          /* nblocks slots, NULL where not registered */
 };
 
@@ -199,7 +205,10 @@ static int grow(table_t *t, uint64_t count, int is_files) {
     return 0;
 }
 
+static void unlink_peer_name(cfr_file *f);
+
 static void unlink_file(cfr_file *f) {
+    unlink_peer_name(f);
     cfr_file **p = (cfr_file **)&by_ino.slots[slot_of(&by_ino, f->ino)];
     while (*p != f) p = &(*p)->next_by_ino;
     *p = f->next_by_ino;
@@ -1217,6 +1226,214 @@ fall_through:
 fall_through_quietly:
     pthread_mutex_unlock(&lock);
     return 0;
+}
+
+/* ---- peer answers: block requests of other workers answered from the table ----
+ *
+ * Another worker asks this one for a block over the block protocol (cachefs/peer/wire.py): a
+ * request frame names the file by dataset, etag, key, size and block size, and the block by its
+ * index. cachefs's peer server (cachefs/peer/server.py) hands the frames it has received to
+ * cfr_peer_answer(), which answers every one in a row whose block is in this table, on tmpfs and
+ * checked, as the server's Python path would: the answer's head and chunk checksums, then the
+ * block sent from its file with sendfile() (the reader checks the bytes against those
+ * checksums again). It stops at the first frame it cannot answer so, which the server then
+ * handles as before (a block elsewhere, not cached, a malformed frame, a refusal).
+ *
+ * Which file a request names: cachefs registers, with a file's blocks, the bytes a request for
+ * that version of it carries (cfr_register_peer_name(): the head's dataset, etag and key
+ * lengths, file size and block size as on the wire, then the three names; the server
+ * checks the same fields against the snapshot it serves, FileSystem._peer_file). A request
+ * matches only if all those bytes are equal (hashed to find them, compared to match). The name
+ * goes with the file's entry: every forget that drops the file's blocks (rule 3) drops it too,
+ * so a refreshed file or a removed dataset is never answered from here; the blocks follow the
+ * same rules as a READ's (rule 2: every chunk checked, or checked before in the file's current
+ * state, which only tmpfs files may count on, so only tmpfs blocks are answered here).
+ * The mutex is held from the lookup to the end of the send, as for a READ. The socket is
+ * non-blocking: an answer the socket cannot take whole is handed back to the server (a
+ * duplicate of the block file's descriptor, the head and how much was sent), which finishes it
+ * when the socket drains; a frame the socket has no room for at all is not taken. */
+
+#define PEER_REQUEST_HEAD 34      /* wire.REQUEST: "!IBxHHIQQI" */
+#define PEER_ANSWER_HEAD 24       /* wire.ANSWER: "!IB3xIIQ" */
+#define PEER_FIXED 20             /* the head's bytes 6..22 and 30..34 (see above) */
+#define PEER_FLAG_CACHED_ONLY 1
+#define PEER_MAX_NAME 0xFFFFu     /* wire.MAX_NAME_LEN */
+
+static table_t by_peer;
+static unsigned char *answer_buf;
+static size_t answer_cap;
+
+static uint64_t be_get(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int k = 0; k < n; k++) v = v << 8 | p[k];
+    return v;
+}
+
+static void be_put(unsigned char *p, uint64_t v, int n) {
+    for (int k = n - 1; k >= 0; k--, v >>= 8) p[k] = (unsigned char)v;
+}
+
+static uint64_t peer_name_hash(const unsigned char *fixed, const unsigned char *names,
+                               size_t names_len) {
+    return XXH3_64bits_withSeed(names, names_len, XXH3_64bits(fixed, PEER_FIXED));
+}
+
+static void unlink_peer_name(cfr_file *f) {
+    if (!f->peer_name) return;
+    cfr_file **p = (cfr_file **)&by_peer.slots[slot_of(&by_peer, f->peer_hash)];
+    while (*p != f) p = &(*p)->next_by_peer;
+    *p = f->next_by_peer;
+    free(f->peer_name);
+    f->peer_name = NULL;
+    f->peer_name_len = 0;
+    stats.peer_names--;
+}
+
+static int grow_peer_names(void) {
+    if (by_peer.mask && stats.peer_names + 1 <= by_peer.mask + 1) return 0;
+    uint64_t size = by_peer.mask ? (by_peer.mask + 1) * 2 : 1024;
+    void **slots = calloc(size, sizeof(void *));
+    if (!slots) return -1;
+    table_t bigger = {slots, size - 1};
+    for (cfr_file *f = all_files; f; f = f->next_all) {
+        if (!f->peer_name) continue;
+        uint64_t s = slot_of(&bigger, f->peer_hash);
+        f->next_by_peer = slots[s];
+        slots[s] = f;
+    }
+    free(by_peer.slots);
+    by_peer = bigger;
+    return 0;
+}
+
+int cfr_register_peer_name(uint64_t ino, const unsigned char *name, size_t len) {
+    if (len < PEER_FIXED) return -1;
+    pthread_mutex_lock(&lock);
+    cfr_file *f = find_file(ino);
+    if (f && f->peer_name && f->peer_name_len == len && memcmp(f->peer_name, name, len) == 0) {
+        pthread_mutex_unlock(&lock);
+        return 0; /* registered with the file's blocks before */
+    }
+    unsigned char *copy = f ? malloc(len) : NULL;
+    if (!copy || grow_peer_names() != 0) {
+        pthread_mutex_unlock(&lock);
+        free(copy);
+        return -1;
+    }
+    unlink_peer_name(f);
+    memcpy(copy, name, len);
+    f->peer_name = copy;
+    f->peer_name_len = len;
+    f->peer_hash = peer_name_hash(copy, copy + PEER_FIXED, len - PEER_FIXED);
+    uint64_t s = slot_of(&by_peer, f->peer_hash);
+    f->next_by_peer = by_peer.slots[s];
+    by_peer.slots[s] = f;
+    stats.peer_names++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+static cfr_file *find_peer_name(const unsigned char *fixed, const unsigned char *names,
+                                size_t names_len) {
+    if (!by_peer.mask) return NULL;
+    uint64_t hash = peer_name_hash(fixed, names, names_len);
+    for (cfr_file *f = by_peer.slots[slot_of(&by_peer, hash)]; f; f = f->next_by_peer)
+        if (f->peer_hash == hash && f->peer_name_len == PEER_FIXED + names_len &&
+            memcmp(f->peer_name, fixed, PEER_FIXED) == 0 &&
+            memcmp(f->peer_name + PEER_FIXED, names, names_len) == 0)
+            return f;
+    return NULL;
+}
+
+/* Send `len` bytes of `buf` to the non-blocking socket: the bytes sent (fewer when it is
+ * full), or -1 with errno set when the connection broke. */
+static ssize_t send_some(int sock, const unsigned char *buf, size_t len, int more) {
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = send(sock, buf + done, len - done,
+                         MSG_DONTWAIT | MSG_NOSIGNAL | (more ? MSG_MORE : 0));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (n < 0) return -1;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
+int cfr_peer_answer(int sock, const unsigned char *frames, size_t len, size_t max_answers,
+                    cfr_peer_result *out) {
+    uint64_t *plain_inos = out->plain_inos; /* the caller's room */
+    memset(out, 0, sizeof(*out));
+    out->plain_inos = plain_inos;
+    out->partial_fd = -1;
+    size_t pos = 0;
+    pthread_mutex_lock(&lock);
+    while (out->answered < max_answers && len - pos >= PEER_REQUEST_HEAD) {
+        const unsigned char *h = frames + pos;
+        uint64_t flags = h[4];
+        uint64_t names_len = be_get(h + 6, 2) + be_get(h + 8, 2) + be_get(h + 10, 4);
+        uint64_t index = be_get(h + 22, 8);
+        if ((flags & ~(uint64_t)PEER_FLAG_CACHED_ONLY) || be_get(h + 10, 4) > PEER_MAX_NAME ||
+            len - pos - PEER_REQUEST_HEAD < names_len)
+            break; /* the server refuses it, or has not all of it yet */
+        unsigned char fixed[PEER_FIXED];
+        memcpy(fixed, h + 6, 16);
+        memcpy(fixed + 16, h + 30, 4);
+        cfr_file *f = find_peer_name(fixed, h + PEER_REQUEST_HEAD, names_len);
+        cfr_block *b = f && index < f->nblocks ? f->blocks[index] : NULL;
+        struct stat st;
+        if (!b || open_block(b, &st) < 0 || b->on_tmpfs != 1) break;
+        uint64_t length = b->length;
+        if (!span_checked(b, &st, 0, length)) {
+            if (reserve(&scratch_buf, &scratch_cap, length) != 0 ||
+                read_checked(b, &st, scratch_buf, 0, length) != 0)
+                break; /* dropped (gone, short, corrupt): the server's own path handles it */
+            stats.peer_checked++;
+        }
+        size_t head_len = PEER_ANSWER_HEAD + b->nchunks * 8;
+        if (reserve(&answer_buf, &answer_cap, head_len) != 0) break;
+        memcpy(answer_buf, h, 4); /* the request id */
+        memset(answer_buf + 4, 0, 4); /* status OK, padding */
+        be_put(answer_buf + 8, chunk_size, 4);
+        be_put(answer_buf + 12, b->nchunks * 8, 4);
+        be_put(answer_buf + 16, length, 8);
+        for (uint64_t c = 0; c < b->nchunks; c++)
+            be_put(answer_buf + PEER_ANSWER_HEAD + c * 8, b->sums[c], 8);
+        ssize_t sent = send_some(sock, answer_buf, head_len, 1);
+        if (sent < 0) {
+            out->error = errno;
+            break;
+        }
+        if (sent == 0) break; /* the socket is full: the server answers it when it drains */
+        off_t at = 0;
+        while ((size_t)sent == head_len && (uint64_t)at < length) {
+            ssize_t n = sendfile(sock, b->fd, &at, length - (uint64_t)at);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+            if (n <= 0) { /* the connection broke, or the file shrank after its check */
+                out->error = n < 0 ? errno : EIO;
+                break;
+            }
+        }
+        if (out->error) break; /* the head went out: the connection must close */
+        pos += PEER_REQUEST_HEAD + names_len;
+        out->answered++;
+        if (!(flags & PEER_FLAG_CACHED_ONLY)) out->plain_inos[out->plain++] = f->ino;
+        stats.peer_answers++;
+        stats.peer_bytes += length;
+        if ((size_t)sent < head_len || (uint64_t)at < length) { /* the rest when it drains */
+            out->partial_fd = fcntl(b->fd, F_DUPFD_CLOEXEC, 0);
+            if (out->partial_fd < 0) out->error = errno;
+            out->partial_head = answer_buf;
+            out->partial_head_len = head_len;
+            out->partial_sent = (uint64_t)sent + (uint64_t)at;
+            out->partial_length = length;
+            break;
+        }
+    }
+    out->consumed = pos;
+    pthread_mutex_unlock(&lock);
+    return out->error ? -1 : 0;
 }
 
 /* ---- passthrough: OPEN hands a cached file's block file to the kernel ----

@@ -52,6 +52,10 @@ typedef struct {
     uint64_t opened;       /* inodes with OPENs not yet RELEASEd now */
     uint64_t spliced;      /* READs (of `reads`) spliced from chunks checked before */
     uint64_t max_read;     /* the largest READ this connection asked for (0 before INIT) */
+    uint64_t peer_names;   /* files in the table answerable to peers (cfr_register_peer_name) */
+    uint64_t peer_answers; /* peer block requests answered here (cfr_peer_answer) */
+    uint64_t peer_bytes;   /* ... the bytes of their blocks */
+    uint64_t peer_checked; /* ... of them read and checked first (not checked in this state) */
 } cfr_stats_t;
 
 /* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE), the most blocks kept and the
@@ -105,6 +109,33 @@ int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
  * (FOPEN_CACHE_DIR + keep_cache) until cachefs invalidates the directory's inode. */
 void cfr_set_cache_listings(int on);
 void cfr_mark_listing(struct fuse_file_info *fi);
+
+/* Peer answers (see "peer answers" in the .c file). Register the bytes a peer's request for
+ * inode `ino` carries: the request head's dataset, etag and key lengths and file size (its bytes
+ * 6..22), its block size (bytes 30..34), then the dataset name, etag and key (the request's
+ * names). The inode must have blocks in the table; the name goes when they all go. 0 when kept,
+ * -1 when refused. */
+int cfr_register_peer_name(uint64_t ino, const unsigned char *name, size_t len);
+
+typedef struct {
+    size_t consumed;         /* bytes of the frames answered (whole frames) */
+    size_t answered;         /* answers sent, the last one perhaps in part (partial_fd) */
+    uint64_t *plain_inos;    /* the caller's room for max_answers inodes: ... */
+    size_t plain;            /* ... those of the answers to requests that were not cached-only */
+    int partial_fd;          /* >= 0: the last answer is not all sent: its block file (dup) */
+    const unsigned char *partial_head; /* ... its head and checksums (valid until next call) */
+    size_t partial_head_len;
+    uint64_t partial_sent;   /* ... bytes of head, checksums and block sent */
+    uint64_t partial_length; /* ... the block's length */
+    int error;               /* the errno of a send that failed: the connection must close */
+} cfr_peer_result;
+
+/* Answer, on the non-blocking socket `sock`, the request frames at the start of `frames` whose
+ * blocks are in the table, in order, at most `max_answers`; stops at the first it cannot
+ * answer (the caller handles that one), at an incomplete frame, or when the socket is full.
+ * 0, or -1 when a send failed (out->error; the connection must close). */
+int cfr_peer_answer(int sock, const unsigned char *frames, size_t len, size_t max_answers,
+                    cfr_peer_result *out);
 
 /* Called from FUSE_INIT: the connection's limits on requests in flight (see the .c file). */
 void cfr_init_connection(struct fuse_conn_info *conn);

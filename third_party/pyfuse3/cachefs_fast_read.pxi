@@ -5,6 +5,7 @@ Included by __init__.pyx (third_party/pyfuse3/build.py adds the include). The ta
 READ itself are in cachefs_fast_read.c; cachefs/fs/native_reads.py keeps the table coherent.
 '''
 
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int64_t, uint64_t
 
 cdef extern from "cachefs_fast_read.h":
@@ -39,6 +40,24 @@ cdef extern from "cachefs_fast_read.h":
         uint64_t opened
         uint64_t spliced
         uint64_t max_read
+        uint64_t peer_names
+        uint64_t peer_answers
+        uint64_t peer_bytes
+        uint64_t peer_checked
+    ctypedef struct cfr_peer_result:
+        size_t consumed
+        size_t answered
+        uint64_t *plain_inos
+        size_t plain
+        int partial_fd
+        const unsigned char *partial_head
+        size_t partial_head_len
+        uint64_t partial_sent
+        uint64_t partial_length
+        int error
+    int cfr_register_peer_name(uint64_t ino, const unsigned char *name, size_t len)
+    int cfr_peer_answer(int sock, const unsigned char *frames, size_t len, size_t max_answers,
+                        cfr_peer_result *out)
     void cfr_configure(uint64_t chunk_size, uint64_t max_blocks, uint64_t max_dentries)
     int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t file_size,
                      uint64_t file_id, const char *path, uint64_t length,
@@ -185,4 +204,49 @@ def fast_read_stats():
         'cached_opens': s.cached_opens, 'pt_refused': s.pt_refused,
         'backing_files': s.backing_files, 'kept_backings': s.kept_backings,
         'opened': s.opened, 'spliced': s.spliced, 'max_read': s.max_read,
+        'peer_names': s.peer_names, 'peer_answers': s.peer_answers,
+        'peer_bytes': s.peer_bytes, 'peer_checked': s.peer_checked,
     }
+
+
+#: The most peer requests fast_peer_answer() answers in one call.
+cdef size_t PEER_ANSWERS_MAX = 64
+
+
+def fast_peer_register(uint64_t ino, bytes name):
+    '''Register the bytes a peer's request for inode ``ino`` carries (cachefs_fast_read.h); False
+    if refused (the inode has no blocks in the table).'''
+    return cfr_register_peer_name(ino, <const unsigned char *> (<const char *> name),
+                                  len(name)) == 0
+
+
+def fast_peer_answer(int sock_fd, frames, size_t max_answers):
+    '''Answer on the non-blocking socket ``sock_fd`` the peer request frames at the start of
+    ``frames`` (a buffer) whose blocks are in the table, at most ``max_answers`` (and at most
+    PEER_ANSWERS_MAX): ``(consumed, answered, plain_inos, partial)``, ``partial`` None or
+    ``(head, fd, length, sent)`` for an answer the socket did not take whole (``fd`` is the
+    caller's to close). OSError when a send failed: the connection must close.'''
+    cdef Py_buffer view
+    cdef uint64_t inos[64]
+    cdef cfr_peer_result r
+    cdef int failed
+    if max_answers > PEER_ANSWERS_MAX:
+        max_answers = PEER_ANSWERS_MAX
+    r.plain_inos = inos
+    # The plain buffer protocol (not a typed memoryview, whose utility code breaks the module's
+    # init when compiled into pyfuse3's __init__.pyx).
+    PyObject_GetBuffer(frames, &view, PyBUF_SIMPLE)
+    try:
+        failed = cfr_peer_answer(sock_fd, <const unsigned char *> view.buf, <size_t> view.len,
+                                 max_answers, &r)
+    finally:
+        PyBuffer_Release(&view)
+    partial = None
+    if r.partial_fd >= 0:
+        partial = (r.partial_head[:r.partial_head_len], r.partial_fd, r.partial_length,
+                   r.partial_sent)
+    if failed:
+        if r.partial_fd >= 0:
+            os.close(r.partial_fd)
+        raise OSError(r.error, os.strerror(r.error))
+    return r.consumed, r.answered, [inos[i] for i in range(r.plain)], partial
