@@ -13,10 +13,9 @@ import tempfile
 import threading
 
 import pytest
-import xxhash
 
-from cachefs.cache.base import CHUNK_SIZE
-from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED, native_read_table
+from cachefs.cache.base import CHUNK_SIZE, chunk_checksums
+from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
 from cachefs.peer import wire
 from cachefs.peer.base import BlockRequest
 
@@ -26,21 +25,6 @@ pytestmark = pytest.mark.skipif(
 
 INO = (3 << 48) | 17
 BLOCK_SIZE = 1 << 20
-
-
-def sums_of(data: bytes) -> bytes:
-    return b"".join(
-        xxhash.xxh3_64_digest(data[at : at + CHUNK_SIZE]) for at in range(0, len(data), CHUNK_SIZE)
-    )
-
-
-@pytest.fixture
-def table():
-    table = native_read_table(True, True)
-    table.clear()
-    table.configure(CHUNK_SIZE, 1000, 1000)
-    yield table
-    table.clear()
 
 
 @pytest.fixture
@@ -69,7 +53,7 @@ def put_block(table, tier: str, data: bytes, *, file_id: int = 1, etag: str = "e
         f.write(data)
     st = os.stat(path)
     assert table.register(
-        INO, 0, BLOCK_SIZE, len(data), file_id, path.encode(), len(data), sums_of(data),
+        INO, 0, BLOCK_SIZE, len(data), file_id, path.encode(), len(data), chunk_checksums(data),
         st.st_ino, st.st_ctime_ns,
     )  # fmt: skip
     assert table.register_peer_name(
@@ -114,7 +98,7 @@ def test_requests_for_registered_blocks_are_answered_in_order_byte_for_byte(tabl
     )
     assert (consumed, answered, plain_inos, partial) == (len(plain) * 2, 2, [INO], None)
     for request_id in (7, 8):
-        assert receive_answer(asker) == (request_id, wire.OK, sums_of(data), data)
+        assert receive_answer(asker) == (request_id, wire.OK, chunk_checksums(data), data)
     assert table.stats()["peer_answers"] - served == 2
     # The server takes the unknown frame itself, then offers the rest again: still incomplete.
     assert table.answer_peers(owner.fileno(), memoryview(plain[:10]), 64)[:2] == (0, 0)
@@ -151,7 +135,7 @@ def test_an_answer_the_socket_does_not_take_whole_is_handed_back(table, tier, pa
     head, fd, length, sent = partial
     try:
         assert length == len(data) and 0 < sent < len(head) + length
-        expected_head = wire.encode_answer(5, wire.OK, CHUNK_SIZE, sums_of(data), len(data))
+        expected_head = wire.encode_answer(5, wire.OK, CHUNK_SIZE, chunk_checksums(data), len(data))
         assert head == expected_head
 
         def send_the_rest() -> None:  # as the server's task does once the socket drains

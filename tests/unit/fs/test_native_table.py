@@ -13,7 +13,7 @@ import xxhash
 from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.cache.base import CHUNK_SIZE, BlockKey
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
-from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED, native_read_table
+from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
 from cachefs.fs.native_reads import NativeReads
 from cachefs.metrics import WorkerMetrics
 
@@ -22,15 +22,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 SUMS_ONE_CHUNK = b"\0" * 8
-
-
-@pytest.fixture
-def table():
-    table = native_read_table(True, True)
-    table.clear()
-    table.configure(CHUNK_SIZE, 1000, 1000)
-    yield table
-    table.clear()
 
 
 def test_registrations_are_checked_and_forgets_remove_exactly_theirs(table):
