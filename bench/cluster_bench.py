@@ -178,12 +178,17 @@ def evaluate(results: dict) -> list[dict]:
     return targets
 
 
+def _peer_reads_ok(delta: dict) -> int:
+    """Peer reads answered: by the Python client, and sent from C (``native_ok``)."""
+    return delta.get("peer_req_ok", 0) + delta.get("peer_req_native_ok", 0)
+
+
 def sanity_notes(results: dict) -> list[str]:
     """Warnings when counters contradict what a pass claims to measure."""
     notes = []
     for p in results.get("reads", []):
         d, label = p["delta"], f"{p['node']} {p['kind']}"
-        peer_ok = d.get("peer_req_ok", 0)
+        peer_ok = _peer_reads_ok(d)
         local_bytes = d.get("served_ram", 0) + d.get("served_ssd", 0)
         if p["kind"] == "local" and (peer_ok or d.get("misses", 0)):
             notes.append(
@@ -201,7 +206,8 @@ def sanity_notes(results: dict) -> list[str]:
                 f"{label}: {p['store_gets_all_nodes']:,} store GETs during the pass (expected 0 "
                 "after a complete preload)"
             )
-        failed = {k: v for k, v in d.items() if k.startswith("peer_req_") and k != "peer_req_ok"}
+        ok = ("peer_req_ok", "peer_req_native_ok")
+        failed = {k: v for k, v in d.items() if k.startswith("peer_req_") and k not in ok}
         if any(failed.values()):
             notes.append(f"{label}: peer requests not ok: {_counts(failed)}")
     preload = results.get("preload") or {}
@@ -1152,7 +1158,7 @@ def render_markdown(results: dict) -> str:
         lines.append(
             f"| {r['node']} | {PASS_TITLES[r['kind']]} | {r['files']:,} | {r['seconds']:.2f} "
             f"| {r['files_per_s']:,.0f} | {r['mb_per_s']:.1f} | {served} "
-            f"| {dd.get('peer_req_ok', 0):,} | {r['store_gets_all_nodes']:,} "
+            f"| {_peer_reads_ok(dd):,} | {r['store_gets_all_nodes']:,} "
             f"| {_worker_cpu(r.get('worker_cpu_ms_per_file'))} | {r['cpu_busy_before']:.0%} |"
         )
     lines += [

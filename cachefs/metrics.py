@@ -128,6 +128,16 @@ class WorkerMetrics:
     def peer_request(self, outcome: str) -> None:
         self.peer_requests[outcome] = self.peer_requests.get(outcome, 0) + 1
 
+    def peer_request_counts(self) -> dict[str, int]:
+        """Block reads asked of other nodes by outcome: the Python client's, and as
+        ``native_ok`` the READs the native path sent to their owners and answered (a READ it
+        handed back is asked again by the Python client, and counted there)."""
+        counts = dict(self.peer_requests)
+        native_ok = self.native_reads().get("peer_reads", 0)
+        if native_ok:
+            counts["native_ok"] = native_ok
+        return counts
+
     def served_hits(self) -> dict[str, int]:
         """Block reads served per tier (``hits``) with the native path's READs counted as RAM
         hits: they read RAM-tier blocks, only not in Python."""
@@ -138,7 +148,9 @@ class WorkerMetrics:
     def served_bytes(self) -> dict[str, int]:
         """Bytes returned to readers per source (``bytes_served``), the native path's in "ram"."""
         served = dict(self.bytes_served)
-        served["ram"] += self.native_reads().get("bytes", 0)
+        native = self.native_reads()
+        served["ram"] += native.get("bytes", 0)
+        served["peer"] = served.get("peer", 0) + native.get("peer_read_bytes", 0)
         return served
 
     def activity(self) -> dict[str, Any]:
@@ -154,7 +166,7 @@ class WorkerMetrics:
             **{f"hits_{tier}": n for tier, n in self.served_hits().items()},
             "misses": self.misses,
             "python_reads": self.fuse_latency.get("read").count,  # FUSE READs served here
-            "peer_gets": sum(self.peer_requests.values()),
+            "peer_gets": sum(self.peer_request_counts().values()),
             "store_gets": sum(
                 n for (op, _), n in self.store_request_counts().items() if op == "get"
             ),
@@ -244,7 +256,7 @@ class _WorkerCollector(Collector):
         peers = CounterMetricFamily(
             "cachefs_peer_requests", "Block reads asked of other nodes", labels=["outcome"]
         )
-        for outcome, n in sorted(m.peer_requests.items()):
+        for outcome, n in sorted(m.peer_request_counts().items()):
             peers.add_metric([outcome], n)
         yield peers
         yield CounterMetricFamily(

@@ -132,8 +132,12 @@ class WorkerStatus:
                 },
             },
             "peers": {
-                "requests": dict(m.peer_requests),
+                "requests": m.peer_request_counts(),
                 "blocks_served": m.peer_served,
+                # Connections the native path sends READs on (cachefs/fs/native_peer_reads.py).
+                "native_connections": (
+                    0 if self._fs.native_peers is None else self._fs.native_peers.connections
+                ),
             },
             "fill": {"blocks": dict(m.fill_blocks), "bytes": m.fill_bytes},
             "activity": m.activity(),  # what `cachefs stats` shows

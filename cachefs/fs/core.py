@@ -25,6 +25,7 @@ from typing import NamedTuple
 from cachefs.cache.base import CheckedBlock, OpenBlock
 from cachefs.errors import BadFileHandle, IsADirectory, NotADirectory, PathNotFound, ReadOnly
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.fs.native_peer_reads import NativePeerReads
 from cachefs.fs.native_reads import (
     BLOCKS_AHEAD_OF_READ,
     BLOCKS_PER_LOOKUP,
@@ -87,6 +88,9 @@ class FileSystem:
         # The native READ table (no-open mode with the patched pyfuse3), kept coherent here:
         # see cachefs/fs/native_reads.py. None: every READ is served in Python.
         self.native: NativeReads | None = None
+        # ... and, in a cluster, READs of other workers' small files sent to them from C
+        # (cachefs/fs/native_peer_reads.py). None: those are served in Python.
+        self.native_peers: NativePeerReads | None = None
         # Bumped whenever a snapshot or the set of datasets changes: a registration prepared
         # before an await goes ahead only if no change came in between.
         self._generation = 0
@@ -214,8 +218,15 @@ class FileSystem:
             source, version = self._remember_version(dataset, entry)
             if self.native is not None:
                 ino = dataset.slot << SLOT_SHIFT | entry.ino
-                self.native.register_blocks(ino, source, version, 0, BLOCKS_PER_LOOKUP)
+                if not self.native.register_blocks(ino, source, version, 0, BLOCKS_PER_LOOKUP):
+                    self._route_to_owner(ino, source, version)
         return self._attr(dataset, entry)
+
+    def _route_to_owner(self, ino: int, source: DataSource, version: FileVersion) -> None:
+        """A file the RAM tier does not hold: its READs go to its owner from C, if another
+        worker owns it (NativePeerReads.route says which files qualify)."""
+        if self.native_peers is not None:
+            self.native_peers.route(ino, source, version)
 
     def prepare_reads(self, name: str, keys: Sequence[str], max_blocks: int) -> tuple[int, int]:
         """Do for the files ``keys`` of dataset ``name`` what a LOOKUP of each does for the
@@ -240,8 +251,12 @@ class FileSystem:
             version = FileVersion(entry.key, entry.etag, entry.size)
             ino = slot_bits | entry.ino
             count = min(BLOCKS_PER_LOOKUP, max_blocks - blocks)
+            registered = 0
             if count > 0:
-                blocks += self.native.register_blocks(ino, dataset.source, version, 0, count)
+                registered = self.native.register_blocks(ino, dataset.source, version, 0, count)
+                blocks += registered
+            if not registered:
+                self._route_to_owner(ino, dataset.source, version)
             if self.lookup_prepared is not None:  # under the name resolved: the last part
                 file_name = key.rpartition("/")[2].encode()
                 attr = self._attr(dataset, entry)
@@ -317,9 +332,20 @@ class FileSystem:
             return None
         dataset, local = self._directory(ino)
         packer = ListingPacker()
+        small_files = []  # one-block files: their READs may go to their owners from C
+        one_block = dataset.source.block_size if self.native_peers is not None else -1
         for child in self._listed_children(dataset, local, 0):
             if not packer.add(*child):
                 return None
+            if 0 < child[3] <= one_block and not stat.S_ISDIR(child[5]):
+                small_files.append(child[2])
+        if self.native_peers is not None:  # a job lists, then reads: route them now
+            for local_ino in small_files:
+                entry = dataset.snapshot.getattr(local_ino)
+                if entry is not None and not entry.is_dir:
+                    version = FileVersion(entry.key, entry.etag, entry.size)
+                    self.native_peers.route(dataset.slot << SLOT_SHIFT | local_ino,
+                                            dataset.source, version)  # fmt: skip
         return packer.packed
 
     def check_directory(self, ino: int) -> None:
@@ -376,9 +402,10 @@ class FileSystem:
             # This READ came to Python: its blocks (and the next ones) may be in RAM now.
             first = offset // source.block_size
             last = (offset + len(data) - 1) // source.block_size
-            self.native.register_blocks(
+            if not self.native.register_blocks(
                 ino, source, version, first, last - first + 1 + BLOCKS_AHEAD_OF_READ
-            )
+            ):  # a block read through from its owner (or the store): the next READs from C
+                self._route_to_owner(ino, source, version)
         return data
 
     def _remember_version(

@@ -16,7 +16,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, NoReturn, Protocol, cast
 
 import pyfuse3
@@ -43,6 +43,8 @@ log = logging.getLogger("cachefs.fuse")
 NO_OPEN_SUPPORTED = bool(getattr(pyfuse3, "READ_FH_FALLS_BACK_TO_INODE", False))
 #: True when that patch includes the native READ fast path (``pyfuse3.fast_read_*``).
 FAST_READ_SUPPORTED = bool(getattr(pyfuse3, "FAST_READ", False))
+#: True when it also sends READs of other workers' files to them (``pyfuse3.fast_peer_open``).
+PEER_READS_SUPPORTED = FAST_READ_SUPPORTED and hasattr(pyfuse3, "fast_peer_open")
 #: Directories remembered as not listable natively (too large to pack), before forgetting all.
 UNLISTED_REMEMBERED = 4096
 #: File handles are small counters; dataset inodes are >= 1 << SLOT_SHIFT. A read "handle" at or
@@ -350,8 +352,9 @@ def mount_options(*, allow_other: bool) -> set[str]:
 
 
 class _CachefsPatch(Protocol):
-    """What cachefs's patch adds to pyfuse3 (third_party/pyfuse3/cachefs_fast_read.pxi):
-    pyfuse3's own type stubs do not list it. Call it only where FAST_READ_SUPPORTED."""
+    """What cachefs's patch adds to pyfuse3 (third_party/pyfuse3/cachefs_fast_read.pxi and
+    cachefs_peer_reads.pxi): pyfuse3's own type stubs do not list it. Call it only where
+    FAST_READ_SUPPORTED (the ``fast_peer_*`` functions where PEER_READS_SUPPORTED)."""
 
     def fast_read_configure(self, chunk_size: int, max_blocks: int, max_dentries: int) -> None: ...
     def fast_lookup_register(
@@ -382,6 +385,12 @@ class _CachefsPatch(Protocol):
     ) -> None: ...
     def fast_listing_register(self, dir_inode: int, packed: bytes, count: int) -> bool: ...
     def fast_read_forget_inodes(self, lo: int, hi: int) -> None: ...
+    def fast_peer_open(self, sock_fd: int, max_length: int) -> int: ...
+    def fast_peer_route(self, ino: int, slot: int, frame: bytes, length: int) -> bool: ...
+    def fast_peer_receive(
+        self, slot: int
+    ) -> tuple[int, list[Coroutine[Any, Any, None]], int, float]: ...
+    def fast_peer_close(self, slot: int, fail: bool) -> list[Coroutine[Any, Any, None]]: ...
     def fast_read_clear(self) -> None: ...
     def cache_listings(self, on: bool) -> None: ...
     def fast_passthrough(self, on: bool) -> None: ...
@@ -440,6 +449,19 @@ class _PyfuseNativeReadTable:
 
     def clear(self) -> None:
         _patched.fast_read_clear()
+
+    # The peer reads (cachefs/fs/native_peer_reads.py's PeerReadTable): PEER_READS_SUPPORTED.
+    def peer_open(self, sock_fd: int, max_length: int) -> int:
+        return _patched.fast_peer_open(sock_fd, max_length)
+
+    def peer_route(self, ino: int, slot: int, frame: bytes, length: int) -> bool:
+        return _patched.fast_peer_route(ino, slot, frame, length)
+
+    def peer_receive(self, slot: int) -> tuple[int, list[Coroutine[Any, Any, None]], int, float]:
+        return _patched.fast_peer_receive(slot)
+
+    def peer_close(self, slot: int, fail: bool) -> list[Coroutine[Any, Any, None]]:
+        return _patched.fast_peer_close(slot, fail)
 
     def stats(self) -> dict[str, int]:
         return _patched.fast_read_stats()

@@ -17,6 +17,7 @@ from cachefs.cache.base import BlockCache
 from cachefs.errors import ConfigError
 from cachefs.fs import fuse_ops
 from cachefs.fs.core import FileSystem
+from cachefs.fs.native_peer_reads import NativePeerReads
 from cachefs.fs.native_reads import NativeReads
 from cachefs.metrics import WorkerMetrics
 
@@ -73,6 +74,15 @@ class FuseMount:
             self._fs.native = NativeReads(table, self._cache, self._fs.reader)
             ops.use_native_table(table)
             self._metrics.native_reads = self._fs.native.stats
+            reader = self._fs.reader
+            if reader.peers is not None and fuse_ops.PEER_READS_SUPPORTED:
+                self._fs.native_peers = NativePeerReads(
+                    table,
+                    reader,
+                    reader.peers,
+                    timeout_s=reader.peers.timeout_s,
+                    max_length=fuse_ops.largest_read,
+                )
         try:
             fuse_ops.mount(
                 ops,
@@ -86,7 +96,14 @@ class FuseMount:
 
     async def serve(self) -> None:
         """Answer the kernel's requests until :meth:`terminate` (or an unmount from outside)."""
-        await fuse_ops.serve(self._max_tasks)
+        native_peers = self._fs.native_peers
+        if native_peers is None:
+            await fuse_ops.serve(self._max_tasks)
+            return
+        async with trio.open_nursery() as nursery:  # its READs are answered on this session
+            await nursery.start(native_peers.run)
+            await fuse_ops.serve(self._max_tasks)
+            nursery.cancel_scope.cancel()
 
     def terminate(self) -> None:
         fuse_ops.terminate()
@@ -99,6 +116,7 @@ class FuseMount:
             self._metrics.native_reads = native.stats().copy  # keep the last counts
             native.close()
             self._fs.native = None
+            self._fs.native_peers = None
         fuse_ops.unmount()
         self.mounted = False
 

@@ -70,6 +70,10 @@ class _Connection:
         self._next_id = 1
         self.broken: str | None = None  # why it can no longer be used
 
+    @property
+    def stream(self) -> trio.SocketStream:
+        return self._stream
+
     async def ask(self, requests: Sequence[BlockRequest]) -> list[_Pending]:
         """Send ``requests`` in one write; their answers arrive in the returned slots."""
         slots = []
@@ -173,6 +177,11 @@ class PeerClient:
             self._connections.clear()
 
     @property
+    def timeout_s(self) -> float:
+        """How long a request may wait for its answer before the peer is marked down."""
+        return self._timeout_s
+
+    @property
     def open_connections(self) -> int:
         return len(self._connections)
 
@@ -220,6 +229,26 @@ class PeerClient:
         reason = f"no complete answer within {self._timeout_s} s"
         self.mark_down(address, connection, reason)
         return [PeerError(_message(address, reason, req)) for req in requests]
+
+    async def open_stream(self, address: str) -> trio.SocketStream:
+        """A handshaken connection of the caller's own to ``address``, for requests it sends
+        and answers it reads itself (the native peer reads: cachefs/fs/native_peer_reads.py);
+        the handshake (version, token) is this client's. Raises :class:`PeerUnavailable`
+        while the peer cools down and :class:`PeerError` when no connection is made within
+        ``timeout_s``; the caller marks the peer down if it fails later."""
+        if self.is_cooling(address):
+            raise PeerUnavailable(_message(address, "cooling down after a recent failure"))
+        try:
+            with trio.fail_after(self._timeout_s):
+                connection = await self._connect(address)
+        except trio.TooSlowError:
+            reason = f"no handshake within {self._timeout_s} s"
+        except (_PeerFault, ConnectionEnded, OSError) as err:
+            reason = _describe(err)
+        else:
+            return connection.stream
+        self.mark_down(address, reason=reason)
+        raise PeerError(_message(address, reason))
 
     def _result(self, address: str, slot: _Pending) -> bytes | PeerError:
         req = slot.request

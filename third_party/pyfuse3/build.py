@@ -34,7 +34,11 @@ captured and extended: see "passthrough" in ``cachefs_fast_read.c``); granted, O
 are answered in C and a file whose one block is in the table is read by the kernel from the
 block file. ``pyfuse3.fast_peer_answer`` answers another worker's block requests from the same
 table (cachefs/peer/server.py hands it the frames received; see "peer answers" in
-``cachefs_fast_read.c``). ``pyfuse3.FAST_READ`` says the patch is there;
+``cachefs_fast_read.c``); and a READ the table cannot answer, of a file whose one block another
+worker owns, is sent to that worker by fuse_read() itself on a connection cachefs handed over
+(``pyfuse3.fast_peer_*`` in ``cachefs_peer_reads.pxi``, included after handlers.pxi to make
+the coroutine of a READ it hands back; see "peer reads" in ``cachefs_fast_read.c`` and
+cachefs/fs/native_peer_reads.py). ``pyfuse3.FAST_READ`` says the patch is there;
 the table's Python API is ``pyfuse3.fast_read_*`` (see cachefs/fs/native_reads.py for how cachefs
 keeps it coherent). Stock pyfuse3 still works: cachefs then serves every READ in Python.
 
@@ -79,7 +83,10 @@ PATCHES = [
         "    c.req = req\n    c.size = size\n    c.off = off\n    # cachefs",
         "                     fuse_file_info *fi):\n    cdef _Container c\n"
         "    # cachefs: a READ whose bytes are all in the fast-read table is answered in C.\n"
-        "    if cfr_try_read(req, ino, size, off):\n        return\n    c = _Container()\n"
+        "    if cfr_try_read(req, ino, size, off):\n        return\n"
+        "    # cachefs: ... and one of a file another worker owns is sent to it from C.\n"
+        "    if cfr_try_peer_read(req, ino, fi.fh if fi.fh != 0 else ino, size, off):\n"
+        "        return\n    c = _Container()\n"
         "    c.req = req\n    c.size = size\n    c.off = off\n    # cachefs",
     ),
     (
@@ -203,7 +210,8 @@ PATCHES = [
     (
         "src/pyfuse3/__init__.pyx",
         'include "handlers.pxi"\n',
-        'include "cachefs_fast_read.pxi"\ninclude "handlers.pxi"\n',
+        'include "cachefs_fast_read.pxi"\ninclude "handlers.pxi"\n'
+        'include "cachefs_peer_reads.pxi"\n',
     ),
     (
         "src/pyfuse3/handlers.pxi",
@@ -233,7 +241,12 @@ PATCHES = [
     ),
 ]
 #: Files of the fast path, copied from beside this script into the pyfuse3 source tree.
-FAST_READ_FILES = ("cachefs_fast_read.c", "cachefs_fast_read.h", "cachefs_fast_read.pxi")
+FAST_READ_FILES = (
+    "cachefs_fast_read.c",
+    "cachefs_fast_read.h",
+    "cachefs_fast_read.pxi",
+    "cachefs_peer_reads.pxi",
+)
 
 
 def patch_id() -> str:

@@ -145,6 +145,7 @@ static cfr_stats_t stats;
 static uint64_t array_slots; /* sum of nblocks over the files in the table */
 static unsigned char *out_buf, *scratch_buf;
 static int reserve(unsigned char **buf, size_t *cap, size_t need);
+static void forget_routes(uint64_t lo, uint64_t hi);
 void cfr_mark_listing(struct fuse_file_info *fi);
 static size_t out_cap, scratch_cap;
 static cfr_block *oldest_open, *newest_open;
@@ -819,6 +820,7 @@ void cfr_forget_inodes(uint64_t lo, uint64_t hi) {
         if (l->dir >= lo && l->dir <= hi) remove_listing(l);
         l = next;
     }
+    forget_routes(lo, hi);
     pthread_mutex_unlock(&lock);
 }
 
@@ -1844,4 +1846,395 @@ int cfr_try_release(fuse_req_t req, fuse_ino_t ino) {
     pthread_mutex_unlock(&lock);
     fuse_reply_err(req, 0);
     return 1;
+}
+
+/* ---- peer reads: READs of another worker's blocks, sent to it from here ----
+ *
+ * The reader's side of the block protocol, for the files a training job reads most: small ones,
+ * one block each, owned by another worker. cachefs registers, for such a file's inode, a route
+ * (cfr_register_peer_route()): one of the connections to the owner it handed over
+ * (cfr_peer_open(): already handshaken, see cachefs/peer/client.py) and the request frame that
+ * asks for the file's block. A READ of that inode the table cannot answer locally is then sent
+ * from here: the frame, with an id of the connection's, is written to the owner's socket, and
+ * the READ waits, unanswered, in the connection's pending list. cachefs's Python side waits for
+ * the socket to be readable and calls cfr_peer_receive(), which reads the answers and checks
+ * each as cachefs/peer/client.py does (status, length, chunk size, the xxh3 of every chunk
+ * against the checksums the owner sent) and replies to its READ with the bytes it asks for.
+ * Anything else hands the READ back to cachefs (cfr_peer_handback: the binding runs its Python
+ * handler as if the READ had just come, which asks the owner through the Python client or reads
+ * the store), so a peer problem never becomes a read error and no byte that failed a check is
+ * ever replied:
+ *   - a refusal or an error answer: that READ (and its route goes: the owner may have moved);
+ *   - a fault (a wrong length or checksum, garbage, the connection ended, a send the socket
+ *     did not take whole): every READ pending on the connection, which is closed for good
+ *     (cachefs cools the peer down and opens another later);
+ *   - no answer within cachefs's timeout, or the peer marked down by the Python client:
+ *     cfr_peer_close().
+ * Nothing here keeps the bytes: a reader's copy of another node's block is read through
+ * (passive caching off), and the kernel's page cache keeps them. Routes are forgotten with the
+ * inodes (cfr_forget_inodes(): a refreshed file has a new inode; the request names the version,
+ * which the owner checks), bounded like the blocks (the oldest goes first), and a route of a
+ * closed connection is dropped when next used. Everything runs on the FUSE loop's thread under
+ * the table's mutex. */
+
+#define PEER_CONNS 64               /* connections open at once (one or two per peer) */
+#define PEER_PENDING_MAX CFR_PEER_PENDING_MAX /* more READs at once go to Python */
+#define PEER_REFUSAL_MAX 4096       /* wire.MAX_REASON_LEN */
+#define PEER_MIN_CHUNK 4096         /* peer.base.MIN_BLOCK_SIZE .. MAX_BLOCK_SIZE */
+#define PEER_MAX_CHUNK (64u << 20)
+#define PEER_STATUS_INTERNAL 6      /* the largest status wire.py knows */
+
+typedef struct cfr_pending {
+    struct cfr_pending *next;
+    fuse_req_t req;
+    uint64_t ino, fh, size, length;
+    int64_t off;
+    int64_t sent_ns;
+    uint32_t id;
+} cfr_pending;
+
+typedef struct {
+    int open;
+    int fd;
+    uint32_t generation;            /* routes name it; bumped when the slot closes */
+    uint32_t next_id;
+    uint64_t max_length;            /* the largest block a route on it may ask for */
+    cfr_pending *first, *last;      /* in the order sent */
+    uint64_t npending;
+    unsigned char *buf;             /* received, not yet handled: buf[start:end] */
+    size_t cap, start, end;
+    int fault;                      /* a CFR_PEER_* reason once it is broken */
+} cfr_conn;
+
+typedef struct cfr_route {
+    uint64_t ino;
+    struct cfr_route *next;         /* chain of the by-inode table */
+    struct cfr_route *older, *newer;
+    uint32_t conn, generation;
+    uint64_t length;                /* the block's bytes (the whole file) */
+    size_t frame_len;
+    unsigned char frame[];          /* the request, its id (bytes 0..4) set per send */
+} cfr_route;
+
+static cfr_conn conns[PEER_CONNS];
+static table_t by_route;
+static cfr_route *oldest_route, *newest_route;
+
+static int64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static cfr_route *find_route(uint64_t ino) {
+    if (!by_route.mask) return NULL;
+    for (cfr_route *r = by_route.slots[slot_of(&by_route, ino)]; r; r = r->next)
+        if (r->ino == ino) return r;
+    return NULL;
+}
+
+static void remove_route(cfr_route *r) {
+    cfr_route **p = (cfr_route **)&by_route.slots[slot_of(&by_route, r->ino)];
+    while (*p != r) p = &(*p)->next;
+    *p = r->next;
+    if (r->older) r->older->newer = r->newer;
+    else oldest_route = r->newer;
+    if (r->newer) r->newer->older = r->older;
+    else newest_route = r->older;
+    stats.peer_routes--;
+    free(r);
+}
+
+static int grow_routes(void) {
+    if (by_route.mask && stats.peer_routes + 1 <= by_route.mask + 1) return 0;
+    uint64_t size = by_route.mask ? (by_route.mask + 1) * 2 : 1024;
+    void **slots = calloc(size, sizeof(void *));
+    if (!slots) return -1;
+    table_t bigger = {slots, size - 1};
+    for (cfr_route *r = oldest_route; r; r = r->newer) {
+        uint64_t s = slot_of(&bigger, r->ino);
+        r->next = slots[s];
+        slots[s] = r;
+    }
+    free(by_route.slots);
+    by_route = bigger;
+    return 0;
+}
+
+static void forget_routes(uint64_t lo, uint64_t hi) { /* under the mutex */
+    cfr_route *r = oldest_route;
+    while (r) {
+        cfr_route *next = r->newer;
+        if (r->ino >= lo && r->ino <= hi) remove_route(r);
+        r = next;
+    }
+}
+
+int cfr_peer_open(int fd, uint64_t max_length) {
+    pthread_mutex_lock(&lock);
+    int slot = -1;
+    for (int i = 0; i < PEER_CONNS; i++)
+        if (!conns[i].open) {
+            slot = i;
+            break;
+        }
+    if (slot >= 0) {
+        cfr_conn *c = &conns[slot];
+        uint32_t generation = c->generation;
+        memset(c, 0, sizeof *c);
+        c->generation = generation;
+        c->open = 1;
+        c->fd = fd;
+        c->next_id = 1;
+        c->max_length = max_length;
+    }
+    pthread_mutex_unlock(&lock);
+    return slot;
+}
+
+int cfr_register_peer_route(uint64_t ino, int slot, const unsigned char *frame, size_t len,
+                            uint64_t length) {
+    if (slot < 0 || slot >= PEER_CONNS || len < PEER_REQUEST_HEAD || length == 0) return -1;
+    cfr_route *r = malloc(sizeof(*r) + len);
+    if (!r) return -1;
+    r->ino = ino;
+    r->length = length;
+    r->frame_len = len;
+    memcpy(r->frame, frame, len);
+    pthread_mutex_lock(&lock);
+    cfr_conn *c = &conns[slot];
+    if (!c->open || c->fault || length > c->max_length || max_blocks == 0 ||
+        grow_routes() != 0) {
+        pthread_mutex_unlock(&lock);
+        free(r);
+        return -1;
+    }
+    r->conn = (uint32_t)slot;
+    r->generation = c->generation;
+    cfr_route *old = find_route(ino);
+    if (old) remove_route(old);
+    uint64_t s = slot_of(&by_route, ino);
+    r->next = by_route.slots[s];
+    by_route.slots[s] = r;
+    r->newer = NULL;
+    r->older = newest_route;
+    if (newest_route) newest_route->newer = r;
+    else oldest_route = r;
+    newest_route = r;
+    stats.peer_routes++;
+    while (stats.peer_routes > max_blocks) remove_route(oldest_route);
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+/* Mark the connection broken: nothing more is sent on it, and its pending READs are handed
+ * back by the next cfr_peer_receive(), which the shutdown wakes (the socket reads as ended). */
+static void break_conn(cfr_conn *c, int why) {
+    if (!c->fault) c->fault = why;
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+int cfr_try_peer_read(fuse_req_t req, fuse_ino_t ino, uint64_t fh, size_t size, off_t off) {
+    if (off < 0 || !stats.peer_routes) return 0; /* a plain read: no route, no lock */
+    pthread_mutex_lock(&lock);
+    cfr_route *r = find_route(ino);
+    if (!r) goto fall_through;
+    cfr_conn *c = &conns[r->conn];
+    if (!c->open || c->generation != r->generation || c->fault) {
+        remove_route(r);
+        goto fall_through;
+    }
+    if (c->npending >= PEER_PENDING_MAX) goto fall_through;
+    cfr_pending *p = malloc(sizeof *p);
+    if (!p) goto fall_through;
+    p->id = c->next_id;
+    c->next_id = c->next_id == UINT32_MAX ? 1 : c->next_id + 1;
+    be_put(r->frame, p->id, 4);
+    ssize_t sent = send(c->fd, r->frame, r->frame_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent != (ssize_t)r->frame_len) {
+        free(p);
+        /* Nothing sent to a full socket: this READ goes to Python, the connection stays. A
+         * part of a frame garbles the stream: the connection is done. */
+        if (!(sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)))
+            break_conn(c, CFR_PEER_SEND_FAILED);
+        goto fall_through;
+    }
+    p->req = req;
+    p->ino = ino;
+    p->fh = fh;
+    p->size = size;
+    p->off = off;
+    p->length = r->length;
+    p->sent_ns = monotonic_ns();
+    p->next = NULL;
+    if (c->last) c->last->next = p;
+    else c->first = p;
+    c->last = p;
+    c->npending++;
+    stats.peer_sent++;
+    pthread_mutex_unlock(&lock);
+    return 1;
+fall_through:
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+static cfr_pending *take_pending(cfr_conn *c, uint32_t id) {
+    cfr_pending *prev = NULL;
+    for (cfr_pending *p = c->first; p; prev = p, p = p->next)
+        if (p->id == id) {
+            if (prev) prev->next = p->next;
+            else c->first = p->next;
+            if (c->last == p) c->last = prev;
+            c->npending--;
+            return p;
+        }
+    return NULL;
+}
+
+static void hand_back(cfr_pending *p, cfr_peer_handback *out, size_t *n) {
+    cfr_peer_handback *h = &out[(*n)++];
+    h->req = p->req;
+    h->fh = p->fh;
+    h->size = p->size;
+    h->off = p->off;
+    stats.peer_handbacks++;
+    free(p);
+}
+
+/* Whether the OK answer `body` (its head's chunk size and checksums) is the whole block `p`
+ * asked for with every chunk matching. */
+static int answer_good(const cfr_pending *p, uint64_t chunk, const unsigned char *sums,
+                       uint64_t sums_len, const unsigned char *body, uint64_t body_len) {
+    if (body_len != p->length || chunk < PEER_MIN_CHUNK || chunk > PEER_MAX_CHUNK) return 0;
+    uint64_t nchunks = (body_len + chunk - 1) / chunk;
+    if (sums_len != nchunks * 8) return 0;
+    for (uint64_t k = 0; k < nchunks; k++) {
+        uint64_t at = k * chunk, n = body_len - at < chunk ? body_len - at : chunk;
+        if (CFR_XXH3_64(body + at, n) != be_get(sums + 8 * k, 8)) return 0;
+    }
+    return 1;
+}
+
+/* Handle the whole answers at the front of the buffer; 0, or the reason the connection is
+ * broken. */
+static int handle_answers(cfr_conn *c, cfr_peer_handback *out, size_t *n) {
+    while (c->end - c->start >= PEER_ANSWER_HEAD) {
+        const unsigned char *h = c->buf + c->start;
+        uint32_t id = (uint32_t)be_get(h, 4);
+        unsigned status = h[4];
+        uint64_t chunk = be_get(h + 8, 4), sums_len = be_get(h + 12, 4);
+        uint64_t body_len = be_get(h + 16, 8);
+        if (status == 0 ? body_len > c->max_length || sums_len > c->max_length
+                        : status > PEER_STATUS_INTERNAL || sums_len || body_len > PEER_REFUSAL_MAX)
+            return CFR_PEER_GARBAGE; /* we asked for no such answer: the stream is garbage */
+        size_t need = PEER_ANSWER_HEAD + sums_len + body_len;
+        if (c->end - c->start < need) { /* the rest has not arrived: make room for it */
+            if (c->start + need > c->cap) {
+                memmove(c->buf, c->buf + c->start, c->end - c->start);
+                c->end -= c->start;
+                c->start = 0;
+            }
+            return reserve(&c->buf, &c->cap, need) != 0 ? CFR_PEER_GARBAGE : 0;
+        }
+        cfr_pending *p = take_pending(c, id);
+        const unsigned char *sums = h + PEER_ANSWER_HEAD, *body = sums + sums_len;
+        c->start += need;
+        if (!p) continue; /* its READ went back to Python already (timed out) */
+        if (status != 0) {
+            cfr_route *r = find_route(p->ino);
+            if (r) remove_route(r);
+            stats.peer_refused++;
+            hand_back(p, out, n);
+            continue;
+        }
+        if (!answer_good(p, chunk, sums, sums_len, body, body_len)) {
+            hand_back(p, out, n);
+            return CFR_PEER_BAD_ANSWER;
+        }
+        uint64_t begin = (uint64_t)p->off < p->length ? (uint64_t)p->off : p->length;
+        uint64_t len = p->length - begin < p->size ? p->length - begin : p->size;
+        /* An error here (the reader was interrupted) needs nothing from us. */
+        fuse_reply_buf(p->req, (const char *)body + begin, len);
+        stats.peer_reads++;
+        stats.peer_read_bytes += len;
+        free(p);
+    }
+    return 0;
+}
+
+/* Close the slot: every pending READ handed back (or, `fail`, answered EIO), the routes on it
+ * dropped when next used. The socket stays the caller's. */
+static void close_conn(cfr_conn *c, int fail, cfr_peer_handback *out, size_t *n) {
+    while (c->first) {
+        cfr_pending *p = c->first;
+        c->first = p->next;
+        if (fail) {
+            fuse_reply_err(p->req, EIO);
+            free(p);
+        } else {
+            hand_back(p, out, n);
+        }
+    }
+    c->last = NULL;
+    c->npending = 0;
+    free(c->buf);
+    c->buf = NULL;
+    c->cap = c->start = c->end = 0;
+    c->open = 0;
+    c->generation++;
+}
+
+int cfr_peer_receive(int slot, cfr_peer_handback *out, size_t *handed, uint64_t *pending,
+                     int64_t *oldest_age_ns) {
+    *handed = 0;
+    *pending = 0;
+    *oldest_age_ns = 0;
+    if (slot < 0 || slot >= PEER_CONNS) return CFR_PEER_CLOSED;
+    pthread_mutex_lock(&lock);
+    cfr_conn *c = &conns[slot];
+    if (!c->open) {
+        pthread_mutex_unlock(&lock);
+        return CFR_PEER_CLOSED;
+    }
+    /* Read what has arrived (bounded: other tasks must run under a stream of answers). */
+    for (int reads = 0; !c->fault && reads < 64; reads++) {
+        if (c->cap - c->end < (64u << 10)) {
+            if (c->start) { /* the unread bytes to the front */
+                memmove(c->buf, c->buf + c->start, c->end - c->start);
+                c->end -= c->start;
+                c->start = 0;
+            }
+            if (c->cap - c->end < (64u << 10) && reserve(&c->buf, &c->cap, c->end + (1u << 20)))
+                c->fault = CFR_PEER_GARBAGE;
+            if (c->fault) break;
+        }
+        ssize_t got = recv(c->fd, c->buf + c->end, c->cap - c->end, MSG_DONTWAIT);
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            c->fault = got == 0 ? CFR_PEER_ENDED : CFR_PEER_RECV_FAILED;
+            break;
+        }
+        c->end += (size_t)got;
+        int why = handle_answers(c, out, handed);
+        if (why) c->fault = why;
+        if (c->start == c->end) c->start = c->end = 0;
+    }
+    int fault = c->fault;
+    if (fault) close_conn(c, 0, out, handed);
+    else if (c->first) {
+        *pending = c->npending;
+        *oldest_age_ns = monotonic_ns() - c->first->sent_ns;
+    }
+    pthread_mutex_unlock(&lock);
+    return fault;
+}
+
+void cfr_peer_close(int slot, int fail, cfr_peer_handback *out, size_t *handed) {
+    *handed = 0;
+    if (slot < 0 || slot >= PEER_CONNS) return;
+    pthread_mutex_lock(&lock);
+    if (conns[slot].open) close_conn(&conns[slot], fail, out, handed);
+    pthread_mutex_unlock(&lock);
 }

@@ -56,6 +56,12 @@ typedef struct {
     uint64_t peer_answers; /* peer block requests answered here (cfr_peer_answer) */
     uint64_t peer_bytes;   /* ... the bytes of their blocks */
     uint64_t peer_checked; /* ... of them read and checked first (not checked in this state) */
+    uint64_t peer_routes;  /* inodes whose READs are sent to their owner from here, now */
+    uint64_t peer_sent;    /* READs sent to an owner from here (cfr_try_peer_read) */
+    uint64_t peer_reads;   /* ... answered from its checked answer */
+    uint64_t peer_read_bytes; /* ... the bytes replied */
+    uint64_t peer_handbacks; /* ... handed back to Python (refused, a fault, a timeout) */
+    uint64_t peer_refused; /* ... of them because the owner declined (the route is dropped) */
 } cfr_stats_t;
 
 /* Chunk size of the checksums (cachefs.cache.base.CHUNK_SIZE), the most blocks kept and the
@@ -136,6 +142,46 @@ typedef struct {
  * 0, or -1 when a send failed (out->error; the connection must close). */
 int cfr_peer_answer(int sock, const unsigned char *frames, size_t len, size_t max_answers,
                     cfr_peer_result *out);
+
+/* Peer reads (see "peer reads" in the .c file): READs of a file whose one block another
+ * worker owns, sent to it from here on a connection cachefs handed over. */
+#define CFR_PEER_PENDING_MAX 1024 /* READs in flight on one connection (and handed back at once) */
+/* Why a connection is closed (cfr_peer_receive()'s result; 0: it is fine). */
+enum {
+    CFR_PEER_CLOSED = 1,      /* not open (never, or closed already) */
+    CFR_PEER_ENDED = 2,       /* the owner closed the connection */
+    CFR_PEER_RECV_FAILED = 3, /* a receive failed */
+    CFR_PEER_SEND_FAILED = 4, /* a send failed, or took part of a frame */
+    CFR_PEER_GARBAGE = 5,     /* an answer no request could have (bad framing, a huge length) */
+    CFR_PEER_BAD_ANSWER = 6,  /* a wrong length, chunk size or checksum */
+};
+/* A READ handed back: cachefs serves it in Python as if it had just come. */
+typedef struct {
+    fuse_req_t req;
+    uint64_t fh, size;
+    int64_t off;
+} cfr_peer_handback;
+
+/* Take the handshaken, non-blocking socket `fd` (still the caller's to close, after
+ * cfr_peer_close()) for READs of blocks up to `max_length` bytes: its slot, or -1 if all are
+ * taken. */
+int cfr_peer_open(int fd, uint64_t max_length);
+/* READs of inode `ino` the table cannot answer go to slot's owner as `frame` (a request of
+ * the whole block, `length` bytes: the file's one block; the id in its first 4 bytes is set
+ * per send). 0 when kept, -1 when refused (the slot is closed or broken, a block too large). */
+int cfr_register_peer_route(uint64_t ino, int slot, const unsigned char *frame, size_t len,
+                            uint64_t length);
+/* Send the READ to its owner if the inode has a route: 1 when sent (answered later), 0 to
+ * fall through. */
+int cfr_try_peer_read(fuse_req_t req, fuse_ino_t ino, uint64_t fh, size_t size, off_t off);
+/* Read and handle the answers waiting on the slot's socket: each checked answer replied to
+ * its READ; the READs to hand back in `out` (room for CFR_PEER_PENDING_MAX), their number in
+ * `handed`. 0 while the connection is fine (`pending` READs wait, the oldest sent
+ * `oldest_age_ns` ago), else why it is closed now (its pending READs are in `out`). */
+int cfr_peer_receive(int slot, cfr_peer_handback *out, size_t *handed, uint64_t *pending,
+                     int64_t *oldest_age_ns);
+/* Close the slot: its pending READs into `out` (or, `fail`, answered EIO). */
+void cfr_peer_close(int slot, int fail, cfr_peer_handback *out, size_t *handed);
 
 /* Called from FUSE_INIT: the connection's limits on requests in flight (see the .c file). */
 void cfr_init_connection(struct fuse_conn_info *conn);

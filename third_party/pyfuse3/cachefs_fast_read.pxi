@@ -44,6 +44,12 @@ cdef extern from "cachefs_fast_read.h":
         uint64_t peer_answers
         uint64_t peer_bytes
         uint64_t peer_checked
+        uint64_t peer_routes
+        uint64_t peer_sent
+        uint64_t peer_reads
+        uint64_t peer_read_bytes
+        uint64_t peer_handbacks
+        uint64_t peer_refused
     ctypedef struct cfr_peer_result:
         size_t consumed
         size_t answered
@@ -71,6 +77,7 @@ cdef extern from "cachefs_fast_read.h":
     void cfr_clear()
     void cfr_get_stats(cfr_stats_t *out)
     int cfr_try_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off)
+    int cfr_try_peer_read(fuse_req_t req, fuse_ino_t ino, uint64_t fh, size_t size, off_t off)
     int cfr_fd_readable(int fd, int wait_us) nogil
     int cfr_fd_ready(int fd)
     void cfr_count_batch(int requests)
@@ -206,6 +213,9 @@ def fast_read_stats():
         'opened': s.opened, 'spliced': s.spliced, 'max_read': s.max_read,
         'peer_names': s.peer_names, 'peer_answers': s.peer_answers,
         'peer_bytes': s.peer_bytes, 'peer_checked': s.peer_checked,
+        'peer_routes': s.peer_routes, 'peer_sent': s.peer_sent, 'peer_reads': s.peer_reads,
+        'peer_read_bytes': s.peer_read_bytes, 'peer_handbacks': s.peer_handbacks,
+        'peer_refused': s.peer_refused,
     }
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED
+from cachefs.fs.fuse_ops import FAST_READ_SUPPORTED, PEER_READS_SUPPORTED
 from tests.cluster_process import Cluster, locality_settled, read_all, total_bytes, wait_for
 from tests.e2e.fs.test_no_open import fuse_op_count
 from tests.waiting import WAIT_S
@@ -91,7 +91,8 @@ def test_preload_then_every_node_reads_everything_without_the_store(cluster, buc
     assert fault_proxy.count("GET") == 0  # every block came from a node's cache
     for worker in cluster.workers:
         status = worker.status()
-        assert status["peers"]["requests"].get("ok", 0) > 0  # other nodes' shards: from peers
+        requests = status["peers"]["requests"]  # other nodes' shards: from peers
+        assert requests.get("ok", 0) + requests.get("native_ok", 0) > 0
         assert status["peers"]["requests"].get("failed", 0) == 0
         assert status["reads"]["bytes_served"]["store"] == 0
         if FAST_READ_SUPPORTED:  # the owners answered from their native tables (every file
@@ -99,6 +100,11 @@ def test_preload_then_every_node_reads_everything_without_the_store(cluster, buc
             native = status["fuse_fast_read"]
             assert native["peer_answers"] > 0
             assert status["peers"]["blocks_served"] >= native["peer_answers"]
+        if PEER_READS_SUPPORTED:  # ... and the readers sent other nodes' small files' READs
+            # to them from C (the bytes were compared above), handing none back
+            assert native["peer_reads"] > 0, native
+            assert native["peer_handbacks"] == 0, native
+            assert status["peers"]["requests"]["native_ok"] == native["peer_reads"]
     # Reading put nothing new in any cache: peer reads are not kept locally.
     locality_settled(cluster, "ds", total_bytes(files))
 

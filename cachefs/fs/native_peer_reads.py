@@ -1,0 +1,235 @@
+"""Peer reads sent from C: READs of small files whose block another worker owns.
+
+In a cluster most of a node's reads are of other nodes' blocks (a copy on 4 nodes: 3 of 4).
+Served in Python, each costs the reader's worker a Python READ, a trio task and a request on
+the peer client, ~0.45 ms of CPU: the reader's CPU, not the wire, was the limit. So for the
+files a training job reads most, small ones whose one block another worker owns, the patched
+binding (third_party/pyfuse3, "peer reads" in ``cachefs_fast_read.c``) sends the READ to the
+owner itself, on a connection of its own that this module opens and hands over, and replies
+to it from the owner's answer once that passes the checks the Python client makes (status,
+length, chunk size, the xxh3 of every chunk). No byte is kept here (passive caching off, as in
+cachefs/fs/blocks.py); the kernel's page cache keeps them.
+
+What this module does around that:
+
+* **Routes**: a file gets one (its inode → the owner's connection and the request frame of its
+  block) when the FileSystem hands its inode to :meth:`NativePeerReads.route`: at a LOOKUP, when
+  its directory's listing is packed for the native table (a job lists, then reads: with dentries
+  cached, its first READ is the first request the worker sees of it), at a preload's
+  ``prepare_reads`` and after a READ of it that Python served. Only files of one block no larger
+  than the largest READ (a larger file would be fetched whole for each of its READs), only for
+  an owner that is not cooling down. Routes go with their inodes (a refresh, ``dataset rm``)
+  and with their connection.
+* **Connections**: one per owner, opened on the first route to it (the routes asked for before
+  it is up are registered once it is) with the block protocol's handshake
+  (:meth:`PeerClient.open_stream`), so the version check and the bearer token are the Python
+  client's.
+* **Answers and failures**: a task per connection waits for its socket and has the answers
+  handled in C (:func:`pyfuse3.fast_peer_receive`). Whatever C hands back, a refusal or the
+  READs pending on a connection that failed, runs as the READ's Python handler would have run
+  (the Python client, then the store): a peer problem never becomes a read error. A fault (a
+  wrong length or checksum, garbage, the connection ended with READs pending) closes the
+  connection and cools the peer down, as the Python client does (an idle connection the owner
+  closed is only forgotten); so does an answer not back within the peer timeout
+  (a SIGSTOPped owner costs that once); a peer the Python client cooled down has its
+  connection closed at the next wake-up (at most a quarter of the timeout later).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+import trio
+
+from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.peer import wire
+from cachefs.peer.base import BlockRequest, PeerError
+from cachefs.peer.client import PeerClient
+
+log = logging.getLogger(__name__)
+
+#: Routes asked for while their owner's connection is being opened, registered once it is up;
+#: past this many (all owners together), the rest go to Python as if they had none.
+WAITING_ROUTES_MAX = 1 << 18
+#: Why the C side closed a connection (cachefs_fast_read.h, CFR_PEER_*).
+ENDED = 2
+FAULTS = {
+    1: "closed",
+    2: "the owner closed the connection",
+    3: "receiving failed",
+    4: "sending failed",
+    5: "garbage on the connection",
+    6: "an answer with a wrong length or checksum",
+}
+
+
+class PeerReadTable(Protocol):
+    """The binding's peer-read functions (the pyfuse3 patch's ``fast_peer_*``)."""
+
+    def peer_open(self, sock_fd: int, max_length: int) -> int: ...
+
+    def peer_route(self, ino: int, slot: int, frame: bytes, length: int) -> bool: ...
+
+    def peer_receive(
+        self, slot: int
+    ) -> tuple[int, list[Coroutine[Any, Any, None]], int, float]: ...
+
+    def peer_close(self, slot: int, fail: bool) -> list[Coroutine[Any, Any, None]]: ...
+
+
+class _Owner:
+    """The connection to one owner: opening (``slot`` -1, routes waiting) or handed to C."""
+
+    __slots__ = ("address", "slot", "waiting")
+
+    def __init__(self, address: str):
+        self.address = address
+        self.slot = -1
+        self.waiting: list[tuple[int, bytes, int]] = []  # (ino, frame, length)
+
+
+class NativePeerReads:
+    """Routes READs of other workers' small files to them from C, and serves what comes back.
+
+    ``max_length``: called for the largest file a route may have (the largest READ, known once
+    INIT is answered; 0 before: no routes yet). Start :meth:`run` before the first route.
+    """
+
+    def __init__(
+        self,
+        table: PeerReadTable,
+        reader: BlockReader,
+        peers: PeerClient,
+        *,
+        timeout_s: float,
+        max_length: Any,
+    ) -> None:
+        assert reader.route is not None  # a reader with a peer client has its route
+        self._table = table
+        self._reader = reader
+        self._route = reader.route
+        self._peers = peers
+        self._timeout_s = timeout_s
+        self._max_length = max_length
+        self._owners: dict[str, _Owner] = {}
+        self._waiting_routes = 0
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the connections (and the READs handed back) until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def route(self, ino: int, source: DataSource, version: FileVersion) -> None:
+        """Send the READs of inode ``ino`` (this version of the file) to its owner from C, if
+        another worker owns its one block and it is small enough (see the module docstring)."""
+        if not 0 < version.size <= min(source.block_size, self._max_length()):
+            return
+        key = self._reader.block_key(source, version, 0)
+        address = self._route.owner_address(source.dataset, key.shard)
+        if address is None or self._nursery is None or self._peers.is_cooling(address):
+            return
+        request = BlockRequest(
+            source.dataset, version.key, version.etag, version.size, 0, source.block_size
+        )
+        try:
+            frame = wire.encode_request(0, request)
+        except ValueError:  # a name too long for a frame: the Python path says so
+            return
+        owner = self._owners.get(address)
+        if owner is None:
+            owner = self._owners[address] = _Owner(address)
+            self._nursery.start_soon(self._serve, owner)
+        if owner.slot >= 0:
+            self._table.peer_route(ino, owner.slot, frame, version.size)
+        elif self._waiting_routes < WAITING_ROUTES_MAX:
+            owner.waiting.append((ino, frame, version.size))
+            self._waiting_routes += 1
+
+    @property
+    def connections(self) -> int:
+        """Connections handed to C now."""
+        return sum(1 for owner in self._owners.values() if owner.slot >= 0)
+
+    async def _serve(self, owner: _Owner) -> None:
+        """Open the owner's connection, hand it to C, and serve it until it fails."""
+        try:
+            stream = await self._peers.open_stream(owner.address)
+        except PeerError as exc:
+            log.info("native peer reads: %s; its files are read in Python", exc)
+            self._forget(owner)
+            return
+        sock = stream.socket
+        try:
+            owner.slot = self._table.peer_open(sock.fileno(), self._max_length())
+            if owner.slot < 0:
+                log.warning("native peer reads: no free connection slot for %s", owner.address)
+                return
+            for ino, frame, length in owner.waiting:
+                self._table.peer_route(ino, owner.slot, frame, length)
+            self._waiting_routes -= len(owner.waiting)
+            owner.waiting = []
+            await self._receive(owner, sock)
+        finally:
+            self._close(owner)
+            sock.close()
+
+    async def _receive(self, owner: _Owner, sock: trio.socket.SocketType) -> None:
+        """Have C handle the owner's answers as they come, until the connection is done."""
+        tick = self._timeout_s / 4
+        while True:
+            fault, handed_back, pending, oldest_age_s = self._table.peer_receive(owner.slot)
+            self._serve_in_python(handed_back)
+            if fault:
+                reason = FAULTS.get(fault, f"fault {fault}")
+                if fault == ENDED and not handed_back:  # an idle connection closed: no failure
+                    log.debug("native peer reads from %s stopped: %s", owner.address, reason)
+                    return
+                log.info("native peer reads from %s stopped: %s", owner.address, reason)
+                self._peers.mark_down(owner.address, reason=reason)
+                return
+            if self._peers.is_cooling(owner.address):  # the Python client saw it fail
+                return
+            if pending and oldest_age_s >= self._timeout_s:
+                reason = f"no answer within {self._timeout_s} s"
+                log.info("native peer reads from %s stopped: %s", owner.address, reason)
+                self._peers.mark_down(owner.address, reason=reason)
+                return
+            wait = min(tick, self._timeout_s - oldest_age_s) if pending else tick
+            with trio.move_on_after(wait):
+                await trio.lowlevel.wait_readable(sock)
+
+    def _close(self, owner: _Owner) -> None:
+        """Take the connection from C: its pending READs to Python (or, shutting down, EIO)."""
+        if owner.slot >= 0:
+            # Cancelled (the worker stopping): a READ handed back could not be served.
+            stopping = self._nursery is None or trio.current_effective_deadline() == -math.inf
+            self._serve_in_python(self._table.peer_close(owner.slot, stopping))
+        self._forget(owner)
+
+    def _forget(self, owner: _Owner) -> None:
+        self._waiting_routes -= len(owner.waiting)
+        owner.waiting = []
+        owner.slot = -1
+        if self._owners.get(owner.address) is owner:
+            del self._owners[owner.address]
+
+    def _serve_in_python(self, handed_back: list[Coroutine[Any, Any, None]]) -> None:
+        nursery = self._nursery
+        for coroutine in handed_back:
+            if nursery is None:  # stopping: not answered, like any READ in flight at the end
+                coroutine.close()
+            else:
+                nursery.start_soon(_await, coroutine)
+
+
+async def _await(coroutine: Coroutine[Any, Any, None]) -> None:
+    await coroutine

@@ -1,0 +1,170 @@
+"""NativePeerReads, the Python side of peer READs sent from C: which files get a route, the
+connection it opens (the real block protocol handshake, against a real PeerServer) and hands
+over, and what it does with what the C side reports.
+
+The C side is replaced by ScriptedTable, below the PeerReadTable seam: sending a READ needs a
+FUSE request, so the real side (cachefs_fast_read.c, "peer reads") is tested through real
+mounts in tests/e2e/cluster/test_distributed.py (byte-exact reads answered in C) and
+tests/e2e/cluster/test_native_peer_reads.py (owners that misbehave, stop or hang up)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from cachefs.cache import TierConfig, TieredBlockCache
+from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.fs.native_peer_reads import NativePeerReads
+from cachefs.metrics import WorkerMetrics
+from cachefs.peer import wire
+from cachefs.peer.client import open_peer_client
+from tests.e2e.peer.test_peer import TOKEN, FakeOwner, served
+from tests.waiting import wait_until
+
+BLOCK = 64 << 10
+LARGEST_READ = 128 << 10
+
+
+class ScriptedTable:
+    """Records what NativePeerReads hands the C side; ``peer_receive`` answers from
+    ``script`` (then "fine, nothing pending")."""
+
+    def __init__(self) -> None:
+        self.opened: list[int] = []
+        self.routes: list[tuple[int, int, bytes, int]] = []
+        self.closed: list[tuple[int, bool]] = []
+        self.script: list[tuple[int, list, int, float]] = []
+        self.handed_back_on_close: list = []
+
+    def peer_open(self, sock_fd: int, max_length: int) -> int:
+        assert max_length == LARGEST_READ
+        self.opened.append(sock_fd)
+        return len(self.opened) - 1
+
+    def peer_route(self, ino: int, slot: int, frame: bytes, length: int) -> bool:
+        self.routes.append((ino, slot, frame, length))
+        return True
+
+    def peer_receive(self, slot: int):
+        return self.script.pop(0) if self.script else (0, [], 0, 0.0)
+
+    def peer_close(self, slot: int, fail: bool):
+        self.closed.append((slot, fail))
+        handed, self.handed_back_on_close = self.handed_back_on_close, []
+        return handed
+
+
+class OwnerIs:
+    def __init__(self, address: str | None):
+        self.address = address
+
+    def owner_address(self, dataset: str, shard: int) -> str | None:
+        return self.address
+
+    def fill_address(self, dataset: str, shard: int) -> str | None:
+        return None
+
+
+@pytest.fixture
+def cache(tmp_path):
+    cache = TieredBlockCache(
+        str(tmp_path / "index"), [TierConfig("ram", str(tmp_path / "ram"), 1 << 20)]
+    )
+    yield cache
+    cache.close()
+
+
+def source() -> DataSource:
+    return DataSource("ds", None, 1, BLOCK)  # type: ignore[arg-type]  # never read here
+
+
+def version(size: int, key: str = "dir/file.jpg") -> FileVersion:
+    return FileVersion(key, '"etag"', size)
+
+
+async def test_small_files_of_another_owner_get_a_route_on_one_handshaken_connection(cache):
+    table = ScriptedTable()
+    async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
+        reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
+        native = NativePeerReads(
+            table, reader, peers, timeout_s=2.0, max_length=lambda: LARGEST_READ
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(native.run)
+            native.route(10, source(), version(1000))  # asked before the connection is up
+            native.route(11, source(), version(BLOCK))
+            native.route(12, source(), version(0))  # nothing to read
+            native.route(13, source(), version(BLOCK + 1))  # two blocks
+            await wait_until(lambda: native.connections == 1)
+            native.route(14, source(), version(5, key="k\udcff"))  # once it is up
+            assert len(table.opened) == 1  # one connection for all of them
+            assert [(r[0], r[3]) for r in table.routes] == [(10, 1000), (11, BLOCK), (14, 5)]
+            for _, slot, frame, length in table.routes:
+                head = frame[: wire.REQUEST.size]
+                _, request = wire.decode_request(head, frame[wire.REQUEST.size :])
+                assert (slot, request.index, request.length, length) == (0, 0, length, length)
+                assert not request.cached_only
+            assert request.key == "k\udcff"  # any key round-trips byte for byte
+            nursery.cancel_scope.cancel()
+    assert table.closed == [(0, True)]  # stopping: pending READs answered EIO, not run
+
+
+@pytest.mark.parametrize("case", ["this-node", "cooling", "before-init"])
+async def test_no_route_to_this_node_a_cooling_peer_or_before_init(cache, case):
+    table = ScriptedTable()
+    owner = None if case == "this-node" else "127.0.0.1:9"
+    largest = 0 if case == "before-init" else LARGEST_READ
+    async with open_peer_client(TOKEN) as peers:
+        reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(owner))
+        native = NativePeerReads(table, reader, peers, timeout_s=2.0, max_length=lambda: largest)
+        if case == "cooling":
+            peers.mark_down("127.0.0.1:9")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(native.run)
+            native.route(1, source(), version(10))
+            await trio.testing.wait_all_tasks_blocked()
+            assert native.connections == 0
+            nursery.cancel_scope.cancel()
+    assert table.opened == [] and table.routes == []
+
+
+@pytest.mark.parametrize(
+    ("report", "cooled_down"),
+    [
+        ((6, "handed", 0, 0.0), True),  # a wrong checksum: every pending READ back
+        ((5, "handed", 0, 0.0), True),  # garbage
+        ((2, "handed", 0, 0.0), True),  # the owner hung up with READs pending
+        ((2, "none", 0, 0.0), False),  # ... with nothing pending: an idle close
+        ((0, "none", 3, 2.5), True),  # no answer within the timeout
+    ],
+    ids=["bad-answer", "garbage", "ended-pending", "ended-idle", "timeout"],
+)
+async def test_what_c_reports_closes_the_connection_and_cools_the_owner(cache, report, cooled_down):
+    table = ScriptedTable()
+    served_in_python = []
+
+    async def handler() -> None:  # what a READ handed back runs (fuse_read_async)
+        served_in_python.append(1)
+
+    async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
+        reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
+        native = NativePeerReads(
+            table, reader, peers, timeout_s=2.0, max_length=lambda: LARGEST_READ
+        )
+        fault, handed, pending, age = report
+        if fault:
+            table.script = [(0, [], 0, 0.0), (fault, [handler()] if handed == "handed" else [],
+                                              0, 0.0)]  # fmt: skip
+        else:  # still pending past the timeout: C hands them back when closed
+            table.script = [(0, [], pending, age)]
+            table.handed_back_on_close = [handler()]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(native.run)
+            native.route(7, source(), version(100))
+            await wait_until(lambda: table.opened and not native.connections)
+            await wait_until(lambda: served_in_python or report[1] == "none")
+            assert peers.is_cooling(address) == cooled_down
+            nursery.cancel_scope.cancel()
+    assert table.closed == [(0, False)]  # closed while serving: its READs went to Python
+    assert served_in_python == ([] if report[1] == "none" and fault else [1])
