@@ -488,6 +488,17 @@ static uint32_t le32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* Big-endian fields: the chunk checksums cachefs hands over, and the block protocol's. */
+static uint64_t be_get(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int k = 0; k < n; k++) v = v << 8 | p[k];
+    return v;
+}
+
+static void be_put(unsigned char *p, uint64_t v, int n) {
+    for (int k = n - 1; k >= 0; k--, v >>= 8) p[k] = (unsigned char)v;
+}
+
 int cfr_register_listing(uint64_t dir, const unsigned char *packed, size_t len, uint64_t count) {
     /* Check the records first: a listing is used only whole. */
     size_t names_len = 0, at = 0;
@@ -686,11 +697,7 @@ int cfr_register(uint64_t ino, uint64_t index, uint64_t block_size, uint64_t fil
     b->file_id = file_id;
     b->nchunks = nchunks;
     b->sums = (uint64_t *)(b + 1);
-    for (uint64_t c = 0; c < nchunks; c++) {
-        uint64_t v = 0;
-        for (int k = 0; k < 8; k++) v = v << 8 | sums[c * 8 + (uint64_t)k];
-        b->sums[c] = v;
-    }
+    for (uint64_t c = 0; c < nchunks; c++) b->sums[c] = be_get(sums + 8 * c, 8);
     b->checked = b->sums + nchunks;
     /* The state the admission wrote the file in (rule 2, note_checked()): every chunk holds the
      * bytes its checksum was computed from while the file stays in that state. */
@@ -1264,16 +1271,6 @@ fall_through_quietly:
 static table_t by_peer;
 static unsigned char *answer_buf;
 static size_t answer_cap;
-
-static uint64_t be_get(const unsigned char *p, int n) {
-    uint64_t v = 0;
-    for (int k = 0; k < n; k++) v = v << 8 | p[k];
-    return v;
-}
-
-static void be_put(unsigned char *p, uint64_t v, int n) {
-    for (int k = n - 1; k >= 0; k--, v >>= 8) p[k] = (unsigned char)v;
-}
 
 static uint64_t peer_name_hash(const unsigned char *fixed, const unsigned char *names,
                                size_t names_len) {
