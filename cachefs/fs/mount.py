@@ -81,7 +81,7 @@ class FuseMount:
                     reader,
                     reader.peers,
                     timeout_s=reader.peers.timeout_s,
-                    max_length=fuse_ops.largest_read,
+                    largest_read=fuse_ops.largest_read,
                 )
         try:
             fuse_ops.mount(

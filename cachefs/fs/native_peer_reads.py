@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import trio
@@ -94,8 +94,9 @@ class _Owner:
 class NativePeerReads:
     """Routes READs of other workers' small files to them from C, and serves what comes back.
 
-    ``max_length``: called for the largest file a route may have (the largest READ, known once
-    INIT is answered; 0 before: no routes yet). Start :meth:`run` before the first route.
+    ``largest_read``: called for the largest file a route may have (the largest READ, known once
+    INIT is answered; 0 before: no routes yet), until it is known. Start :meth:`run` before the
+    first route.
     """
 
     def __init__(
@@ -105,7 +106,7 @@ class NativePeerReads:
         peers: PeerClient,
         *,
         timeout_s: float,
-        max_length: Any,
+        largest_read: Callable[[], int],
     ) -> None:
         assert reader.route is not None  # a reader with a peer client has its route
         self._table = table
@@ -113,7 +114,8 @@ class NativePeerReads:
         self._route = reader.route
         self._peers = peers
         self._timeout_s = timeout_s
-        self._max_length = max_length
+        self._largest_read = largest_read
+        self._max_length = 0  # the largest READ once INIT has set it (it stays as set)
         self._owners: dict[str, _Owner] = {}
         self._waiting_routes = 0
         self._nursery: trio.Nursery | None = None
@@ -131,7 +133,9 @@ class NativePeerReads:
     def route(self, ino: int, source: DataSource, version: FileVersion) -> None:
         """Send the READs of inode ``ino`` (this version of the file) to its owner from C, if
         another worker owns its one block and it is small enough (see the module docstring)."""
-        if not 0 < version.size <= min(source.block_size, self._max_length()):
+        if not self._max_length:  # asking the binding costs its whole stats: only until known
+            self._max_length = self._largest_read()
+        if not 0 < version.size <= min(source.block_size, self._max_length):
             return
         key = self._reader.block_key(source, version, 0)
         address = self._route.owner_address(source.dataset, key.shard)
@@ -169,14 +173,12 @@ class NativePeerReads:
             return
         sock = stream.socket
         try:
-            owner.slot = self._table.peer_open(sock.fileno(), self._max_length())
+            owner.slot = self._table.peer_open(sock.fileno(), self._max_length)
             if owner.slot < 0:
                 log.warning("native peer reads: no free connection slot for %s", owner.address)
                 return
-            for ino, frame, length in owner.waiting:
+            for ino, frame, length in self._take_waiting(owner):
                 self._table.peer_route(ino, owner.slot, frame, length)
-            self._waiting_routes -= len(owner.waiting)
-            owner.waiting = []
             await self._receive(owner, sock)
         finally:
             self._close(owner)
@@ -215,9 +217,15 @@ class NativePeerReads:
             self._serve_in_python(self._table.peer_close(owner.slot, stopping))
         self._forget(owner)
 
+    def _take_waiting(self, owner: _Owner) -> list[tuple[int, bytes, int]]:
+        """The routes asked for while the owner's connection was being opened (no longer
+        counted as waiting)."""
+        waiting, owner.waiting = owner.waiting, []
+        self._waiting_routes -= len(waiting)
+        return waiting
+
     def _forget(self, owner: _Owner) -> None:
-        self._waiting_routes -= len(owner.waiting)
-        owner.waiting = []
+        self._take_waiting(owner)
         owner.slot = -1
         if self._owners.get(owner.address) is owner:
             del self._owners[owner.address]

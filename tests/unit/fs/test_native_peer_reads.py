@@ -88,7 +88,7 @@ async def test_small_files_of_another_owner_get_a_route_on_one_handshaken_connec
     async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
         reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
         native = NativePeerReads(
-            table, reader, peers, timeout_s=2.0, max_length=lambda: LARGEST_READ
+            table, reader, peers, timeout_s=2.0, largest_read=lambda: LARGEST_READ
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(native.run)
@@ -117,7 +117,7 @@ async def test_no_route_to_this_node_a_cooling_peer_or_before_init(cache, case):
     largest = 0 if case == "before-init" else LARGEST_READ
     async with open_peer_client(TOKEN) as peers:
         reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(owner))
-        native = NativePeerReads(table, reader, peers, timeout_s=2.0, max_length=lambda: largest)
+        native = NativePeerReads(table, reader, peers, timeout_s=2.0, largest_read=lambda: largest)
         if case == "cooling":
             peers.mark_down("127.0.0.1:9")
         async with trio.open_nursery() as nursery:
@@ -150,7 +150,7 @@ async def test_what_c_reports_closes_the_connection_and_cools_the_owner(cache, r
     async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
         reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
         native = NativePeerReads(
-            table, reader, peers, timeout_s=2.0, max_length=lambda: LARGEST_READ
+            table, reader, peers, timeout_s=2.0, largest_read=lambda: LARGEST_READ
         )
         fault, handed, pending, age = report
         if fault:
