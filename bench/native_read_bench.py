@@ -24,7 +24,7 @@ small file's block file itself (FUSE passthrough), the worker answers its OPEN a
 * ``first_read_source`` — nothing cached (dataset removed and added again, page cache dropped):
   every file fetched from the source through the worker (processes).
 * ``large_first_read_ram`` — ``--large-files`` files of ``--large-mib`` MiB in the RAM tier,
-  page cache dropped, one reader, MB/s.
+  page cache dropped, one reader, MB/s (``--large-files 0``: no such pass).
 * ``ls_lR`` and ``find`` of the tree, warm (run once untimed first): seconds.
 * ``walk_cold_first`` / ``walk_cold_second`` (with ``--walk N``) — an ImageNet-shaped namespace
   of N empty files (bench/suite/metadata.py) walked (scandir + lstat of every entry) after
@@ -358,7 +358,9 @@ def _run(args: argparse.Namespace) -> dict:
                 extra_args=WORKER_OPTIONS[name],
             )
             workers.append(worker)
-            datasets = [SMALL, LARGE] + [SAMPLES] * bool(args.emulator)
+            # --large-files 0 skips the large pass: no "large" dataset (an empty source is
+            # refused by the worker)
+            datasets = [SMALL] + [LARGE] * bool(large_names) + [SAMPLES] * bool(args.emulator)
             if len(systems) == 1:  # the walk: tmpfs and the first worker only
                 datasets += [NAMES] * bool(args.walk)
             for dataset in datasets:
@@ -420,10 +422,11 @@ def _passes(args, systems, readers, order, sample, small, large) -> list[dict]:
     for system in systems:  # fill the RAM tiers (and check every file once)
         paths = system.paths(SMALL, small_names)
         process_pass(paths, small_sizes, order, 8, sample)
-        large_paths = system.paths(LARGE, large_names)
-        process_pass(large_paths, large_sizes, list(range(len(large_paths))), 1, large_digests)
+        if large_names:
+            large_paths = system.paths(LARGE, large_names)
+            process_pass(large_paths, large_sizes, list(range(len(large_paths))), 1, large_digests)
     for system in systems[1:]:
-        for dataset in (SMALL, LARGE):
+        for dataset in [SMALL] + [LARGE] * bool(large_names):
             cached = next(d for d in system.worker.client.datasets() if d["name"] == dataset)
             if cached["cached_fraction"] < 1.0:
                 raise BenchmarkFailure(
@@ -464,7 +467,7 @@ def _passes(args, systems, readers, order, sample, small, large) -> list[dict]:
             args.repeats,
         )
         record("warm", system, n_warm, files, nbytes, result)
-    for system in systems:
+    for system in systems if large_names else ():
         paths = system.paths(LARGE, large_names)
         large_order = list(range(len(paths)))
         result = measure(
@@ -798,7 +801,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=500, help="files checked by sha256")
     parser.add_argument("--readers", default="1,4,16")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--large-files", type=int, default=4)
+    parser.add_argument(
+        "--large-files",
+        type=int,
+        default=4,
+        help="large files for large_first_read_ram (0: skip it)",
+    )
     parser.add_argument("--large-mib", type=int, default=256)
     parser.add_argument(
         "--cold-fraction",
@@ -830,6 +838,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the JSON here instead of stdout")
     parser.add_argument("--save-dir", help="write <dir>/<date>.json and .md")
     args = parser.parse_args(argv)
+    if args.large_files < 0 or args.large_mib < 1:
+        parser.error("--large-files must be >= 0 and --large-mib >= 1")
     os.makedirs(args.workdir, exist_ok=True)
     return run_and_report("native_read_bench", args, run_benchmark, render)
 

@@ -124,3 +124,28 @@ def test_a_tiny_run_measures_what_each_pass_says(tmp_path, capsys):
     assert walk["tmpfs_copy_present"] is False
     assert walk["dentries_before"] > 0
     assert "dentries cached before the walk" in render(results)
+
+
+@pytest.mark.skipif(not FAST_READ_SUPPORTED, reason="needs the patched pyfuse3 (scripts/setup.sh)")
+def test_no_large_files_skips_the_large_pass(tmp_path):
+    """``--large-files 0`` used to add an empty "large" dataset, which the worker refuses."""
+    out = tmp_path / "result.json"
+    argv = [
+        "--files", "20", "--classes", "2", "--sample", "5", "--readers", "1",
+        "--repeats", "1", "--large-files", "0", "--systems", "native",
+        "--workdir", str(tmp_path / "work"), "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    passes = json.loads(out.read_text())["passes"]
+    assert {p["pass"] for p in passes} >= {"first_read_ram", "warm", "ls_lR"}
+    assert not [p for p in passes if p["pass"] == "large_first_read_ram"]
+    first = next(p for p in passes if (p["pass"], p["system"]) == ("first_read_ram", "native"))
+    assert first["worker"]["native_reads"] == 20
+
+
+@pytest.mark.parametrize("bad", [["--large-files", "-1"], ["--large-mib", "0"]])
+def test_a_negative_large_file_count_or_size_is_refused(bad, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(bad)
+    assert exit_info.value.code == 2
+    assert "--large-files must be >= 0" in capsys.readouterr().err
