@@ -23,6 +23,11 @@ One run, all real processes on loopback (needs root: FUSE mounts and drop_caches
    own tiers —, (b) the files owned by other nodes — served by peers —, (c) every file. Every
    length and every file's xxh3 is checked against the generator's bytes; the worker's counters
    split the bytes served into tiers, and the store GETs of every node must not move.
+6. ``one_node_reference`` (with ``--nodes`` > 1, unless ``--no-one-node-reference``): the
+   cluster is stopped, one coordinator and ONE worker (n1) are started on the same store, the
+   whole dataset is preloaded into it and pass (c) runs on it: the rate of a single worker
+   holding every block locally, against which each node's all-files pass is reported (target
+   >= 0.6x), beside its peer-tier / local-tier ratio (target >= 0.7x).
 
 Output: JSON (stdout or ``--json``) and a markdown table (stderr); ``--save-dir`` writes
 ``<dir>/<YYYY-MM-DD>.json|md``. Workers, coordinator, moto and the RAM-tier directories are
@@ -73,6 +78,10 @@ DATASET_NAME = "imagenet"
 BUCKET = "cachefs-cluster-bench"
 PREFIX = "imagenet/"  # the dataset is s3://BUCKET/imagenet: keys in the mount lose the prefix
 PRELOAD_VS_RAW_TARGET = 0.8
+#: Issue 17's read targets: a node's peer-tier reads against its local-tier reads, and its
+#: all-files read against one worker that holds every block (``one_node_reference``).
+PEER_VS_LOCAL_TARGET = 0.7
+ALL_VS_ONE_NODE_TARGET = 0.6
 HEARTBEAT = "0.5s"
 #: How often the bench asks the coordinator whether the preload is over (`cachefs preload
 #: --wait` asks every 0.5 s); the preload's end is known to within this plus a heartbeat.
@@ -159,22 +168,44 @@ def placement_check(
 
 
 def evaluate(results: dict) -> list[dict]:
-    """Targets (reported, never asserted): preload rate ≥ 0.8x the backend's raw GET rate."""
+    """Targets (reported, never asserted): preload rate ≥ 0.8x the backend's raw GET rate; per
+    node, peer-tier reads ≥ 0.7x its local-tier reads and all files ≥ 0.6x one worker holding
+    every block (where the run has that reference)."""
     raw, preload = results.get("backend_raw_get"), results.get("preload")
     if not raw or not preload:
         return []
     targets = []
+
+    def target(what: str, value: float, threshold: float) -> None:
+        targets.append(
+            {"target": what, "value": value, "threshold": threshold, "met": value >= threshold}
+        )
+
     for unit, key in (("objects/s", "objects_per_s"), ("MB/s", "mb_per_s")):
         ratio = preload[key] / raw[key] if raw[key] else 0.0
-        targets.append(
-            {
-                "target": f"preload {unit} >= {PRELOAD_VS_RAW_TARGET}x backend raw GET {unit} "
-                "(same in-flight GETs)",
-                "value": ratio,
-                "threshold": PRELOAD_VS_RAW_TARGET,
-                "met": ratio >= PRELOAD_VS_RAW_TARGET,
-            }
+        target(
+            f"preload {unit} >= {PRELOAD_VS_RAW_TARGET}x backend raw GET {unit} "
+            "(same in-flight GETs)",
+            ratio,
+            PRELOAD_VS_RAW_TARGET,
         )
+    reference = (results.get("one_node_reference") or {}).get("all_files_per_s")
+    for row in results.get("node_summary") or []:
+        local, peer = row.get("local_files_per_s"), row.get("peer_files_per_s")
+        if local and peer:
+            target(
+                f"{row['node']}: peer-tier files/s >= {PEER_VS_LOCAL_TARGET}x its local-tier "
+                "files/s",
+                peer / local,
+                PEER_VS_LOCAL_TARGET,
+            )
+        if reference and row.get("all_files_per_s"):
+            target(
+                f"{row['node']}: all files/s >= {ALL_VS_ONE_NODE_TARGET}x one worker holding "
+                "every block",
+                row["all_files_per_s"] / reference,
+                ALL_VS_ONE_NODE_TARGET,
+            )
     return targets
 
 
@@ -186,8 +217,16 @@ def _peer_reads_ok(delta: dict) -> int:
 def sanity_notes(results: dict) -> list[str]:
     """Warnings when counters contradict what a pass claims to measure."""
     notes = []
-    for p in results.get("reads", []):
+    reference = (results.get("one_node_reference") or {}).get("read")
+    for p in [*results.get("reads", []), *([reference] if reference else [])]:
         d, label = p["delta"], f"{p['node']} {p['kind']}"
+        if p is reference:
+            label = "the one-worker reference"
+            if d.get("misses", 0) or _peer_reads_ok(d):
+                notes.append(
+                    f"{label}: {d.get('misses', 0):,} misses, {_peer_reads_ok(d):,} peer reads "
+                    "in a worker that holds every block"
+                )
         peer_ok = _peer_reads_ok(d)
         local_bytes = d.get("served_ram", 0) + d.get("served_ssd", 0)
         if p["kind"] == "local" and (peer_ok or d.get("misses", 0)):
@@ -755,9 +794,15 @@ def wait_for_locality(cluster: Cluster, total: int, timeout: float = 30.0) -> tu
         time.sleep(0.25)
 
 
-def read_phase(cluster: Cluster, setup: Setup, owned: dict[str, list[int]], readers: int):
-    """Per node in turn: local, peer and all files through its mount, page cache dropped
-    before every pass."""
+def read_phase(
+    cluster: Cluster,
+    setup: Setup,
+    owned: dict[str, list[int]],
+    readers: int,
+    kinds: Sequence[str] = PASS_KINDS,
+):
+    """Per node in turn: the ``kinds`` of pass (local, peer and all files) through its mount,
+    page cache dropped before every pass."""
     in_order = {i: rank for rank, i in enumerate(setup.order)}
     groups = {f"worker_{n.name}": n.process.pid for n in cluster.nodes}
     results = []
@@ -769,7 +814,7 @@ def read_phase(cluster: Cluster, setup: Setup, owned: dict[str, list[int]], read
             "peer": [i for i in setup.order if i not in mine],
             "all": list(setup.order),
         }
-        for kind in PASS_KINDS:
+        for kind in kinds:
             order = selections[kind]
             busy = wait_for_quiet_cpu(*setup.quiet)
             drop_page_cache()
@@ -872,7 +917,8 @@ def run_benchmark(args: argparse.Namespace) -> dict:
 
 def _run(args: argparse.Namespace) -> dict:
     run_dir = os.path.join(args.workdir, "run")
-    for leftover in (os.path.join(run_dir, f"m{i}") for i in range(1, 64)):
+    mounts = [os.path.join(run_dir, f"m{i}") for i in range(1, 64)]
+    for leftover in [*mounts, os.path.join(run_dir, "one-node", "m1")]:
         if os.path.ismount(leftover):
             raise BenchmarkFailure(f"{leftover} is still mounted (an earlier run?): umount it")
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -915,20 +961,7 @@ def _run(args: argparse.Namespace) -> dict:
         cluster = Cluster(run_dir, args, ram)
         cluster.moto_pgid = moto_pgid(moto)
         print(f"starting a coordinator and {args.nodes} workers (RAM tier {ram})", file=sys.stderr)
-        cluster.start()
-        spec = {
-            "name": DATASET_NAME,
-            "uri": f"s3://{BUCKET}/{PREFIX.rstrip('/')}",
-            "endpoint": moto.endpoint,
-            "region": MOTO_ENV["AWS_DEFAULT_REGION"],
-            "path_style": True,
-        }
-        cluster.add_dataset(spec)
-        locality = cluster.client.locality(DATASET_NAME)
-        nodes = locality["copies"][0]["nodes"] if locality["copies"] else []
-        if sorted(nodes) != sorted(n.name for n in cluster.nodes):
-            raise BenchmarkFailure(f"the dataset's copy lists nodes {nodes}, expected all")
-        owned = classify_by_owner(DATASET_NAME, setup.keys, nodes)
+        owned = start_with_dataset(cluster, setup, moto.endpoint)
 
         print("preload 100 %", file=sys.stderr)
         preload = measure_preload(cluster, setup, args.preload_timeout)
@@ -968,6 +1001,11 @@ def _run(args: argparse.Namespace) -> dict:
             f"dataset s3://{BUCKET}/{PREFIX.rstrip('/')}",
             "ram_per_node": ram,
         }
+        if args.one_node_reference and args.nodes > 1:
+            print("cleaning up the cluster", file=sys.stderr)
+            cluster.stop()
+            cluster = None
+            results["one_node_reference"] = one_node_reference(run_dir, args, setup, moto)
     except BenchmarkFailure:
         raise
     except Exception as exc:
@@ -980,6 +1018,52 @@ def _run(args: argparse.Namespace) -> dict:
         if moto is not None:
             moto.stop()
     return assemble(args, setup, results, load_before, started)
+
+
+def start_with_dataset(cluster: Cluster, setup: Setup, endpoint: str) -> dict[str, list[int]]:
+    """Start ``cluster``, add the dataset through its coordinator; which files each node owns."""
+    cluster.start()
+    spec = {
+        "name": DATASET_NAME,
+        "uri": f"s3://{BUCKET}/{PREFIX.rstrip('/')}",
+        "endpoint": endpoint,
+        "region": MOTO_ENV["AWS_DEFAULT_REGION"],
+        "path_style": True,
+    }
+    cluster.add_dataset(spec)
+    locality = cluster.client.locality(DATASET_NAME)
+    nodes = locality["copies"][0]["nodes"] if locality["copies"] else []
+    if sorted(nodes) != sorted(n.name for n in cluster.nodes):
+        raise BenchmarkFailure(f"the dataset's copy lists nodes {nodes}, expected all")
+    return classify_by_owner(DATASET_NAME, setup.keys, nodes)
+
+
+def one_node_reference(run_dir: str, args: argparse.Namespace, setup: Setup, moto) -> dict:
+    """One coordinator and one worker on the same store, every block preloaded into it, and
+    the all-files pass through its mount: what a node's all-files pass is compared with."""
+    single = argparse.Namespace(**{**vars(args), "nodes": 1})
+    ram = ram_per_node(setup.plan.total_bytes, 1, args.ram)
+    cluster = Cluster(os.path.join(run_dir, "one-node"), single, ram)
+    cluster.moto_pgid = moto_pgid(moto)
+    print(f"one-node reference: a coordinator and 1 worker (RAM tier {ram})", file=sys.stderr)
+    try:
+        owned = start_with_dataset(cluster, setup, moto.endpoint)
+        preload = measure_preload(cluster, setup, args.preload_timeout)
+        locality, _ = wait_for_locality(cluster, setup.plan.total_bytes)
+        if locality["cached_bytes"] != setup.plan.total_bytes:
+            raise BenchmarkFailure(
+                f"one-node reference: {locality['cached_bytes']:,} of "
+                f"{setup.plan.total_bytes:,} bytes cached after the preload"
+            )
+        (read,) = read_phase(cluster, setup, owned, args.threads, kinds=("all",))
+    finally:
+        cluster.stop()
+    return {
+        "ram_per_node": ram,
+        "preload_objects_per_s": preload["objects_per_s"],
+        "read": read,
+        "all_files_per_s": read["files_per_s"],
+    }
 
 
 def assemble(args, setup: Setup, parts: dict, load_before, started: float) -> dict:
@@ -1161,16 +1245,34 @@ def render_markdown(results: dict) -> str:
             f"| {_peer_reads_ok(dd):,} | {r['store_gets_all_nodes']:,} "
             f"| {_worker_cpu(r.get('worker_cpu_ms_per_file'))} | {r['cpu_busy_before']:.0%} |"
         )
+    reference = results.get("one_node_reference")
+    one_node = (reference or {}).get("all_files_per_s")
     lines += [
         "",
-        "| node | local-tier files/s | peer-tier files/s | overall files/s |",
-        "|---|---:|---:|---:|",
+        "| node | local-tier files/s | peer-tier files/s | peer / local | overall files/s "
+        "| overall / one worker holding every block |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for row in results["node_summary"]:
+        local, peer = row.get("local_files_per_s", 0), row.get("peer_files_per_s", 0)
+        overall = row.get("all_files_per_s", 0)
         lines.append(
-            f"| {row['node']} | {row.get('local_files_per_s', 0):,.0f} "
-            f"| {row.get('peer_files_per_s', 0):,.0f} | {row.get('all_files_per_s', 0):,.0f} |"
+            f"| {row['node']} | {local:,.0f} | {peer:,.0f} "
+            f"| {_ratio(peer, local) if peer else ''} | {overall:,.0f} "
+            f"| {_ratio(overall, one_node) if one_node else ''} |"
         )
+    if reference:
+        r = reference["read"]
+        lines += [
+            f"| one worker holding every block (same run, RAM tier {reference['ram_per_node']}) "
+            f"| | | | {one_node:,.0f} | 1.00x |",
+            "",
+            f"The one-worker reference: the cluster stopped, one coordinator and one worker "
+            f"started on the same store, the dataset preloaded into it "
+            f"({reference['preload_objects_per_s']:,.0f} objects/s), then the all-files pass "
+            f"({r['files']:,} files, {r['seconds']:.2f} s, worker CPU "
+            f"{r['worker_cpu_ms_per_file']['this_node']:.2f} ms/file).",
+        ]
     rss = results.get("worker_rss_bytes") or {}
     if rss:
         lines += [
@@ -1319,6 +1421,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="threads per raw GET process (processes = nodes x preload-processes)",
     )
     parser.add_argument("--ram", default="auto", help="RAM tier per worker (auto: see README)")
+    parser.add_argument(
+        "--one-node-reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the cluster, read every file through ONE worker holding every block (with "
+        "--nodes > 1)",
+    )
     parser.add_argument("--preload-timeout", type=float, default=600.0, help="seconds")
     parser.add_argument("--quiet-cpu", type=float, default=0.3)
     parser.add_argument("--quiet-wait", type=float, default=10.0)

@@ -240,7 +240,8 @@ def _results() -> dict:
 
 def test_targets_and_notes():
     results = _results()
-    assert [round(t["value"], 3) for t in results["targets"]] == [0.75, 0.75]
+    assert [round(t["value"], 3) for t in results["targets"]] == [0.75, 0.75, 0.2]
+    assert results["targets"][2]["target"].startswith("n1: peer-tier files/s >= 0.7x")
     assert not any(t["met"] for t in results["targets"])
     assert results["notes"] == []  # every counter as expected
 
@@ -288,7 +289,8 @@ def test_markdown_and_files(tmp_path):
     assert "| cachefs preload | worker_n1:children | 3.33 |" in text
     assert "| n1 | local tier (files this node owns) | 10 |" in text
     assert "| 0 | 0 | 0.50 / 0.25 | 10% |" in text
-    assert "| n1 | 1,000 | 200 | 273 |" in text
+    assert "| n1 | 1,000 | 200 | 0.20x | 273 |  |" in text
+    assert "one worker holding every block (same run" not in text
     assert "| **all** | 30 | 3,000 | 3,000 | yes |" in text
     assert "FUSE no-open mode: on" in text
     assert (
@@ -303,6 +305,33 @@ def test_markdown_and_files(tmp_path):
     assert [p.rsplit("/", 1)[1] for p in written] == ["2026-01-02.json", "2026-01-02.md"]
     assert json.loads(Path(written[0]).read_text())["preload"]["objects"] == 30
     assert Path(written[1]).read_text() == text
+
+
+def test_the_one_worker_reference_gives_each_node_its_all_files_ratio():
+    results = _results()
+    reference = _read("n1", "all", 30, 0.03, {"served_ram": 3000})
+    results["one_node_reference"] = {
+        "ram_per_node": "1GiB",
+        "preload_objects_per_s": 300.0,
+        "read": reference,
+        "all_files_per_s": reference["files_per_s"],
+    }
+    targets = {t["target"]: t for t in evaluate(results)}
+    target = targets["n1: all files/s >= 0.6x one worker holding every block"]
+    assert target["value"] == pytest.approx((30 / 0.11) / 1000)
+    assert not target["met"]
+    text = render_markdown(results)
+    assert "| n1 | 1,000 | 200 | 0.20x | 273 | 0.27x |" in text
+    assert "| one worker holding every block (same run, RAM tier 1GiB) | | | | 1,000 | 1.00x |" in (
+        text
+    )
+    assert "(30 files, 0.03 s, worker CPU 0.50 ms/file)" in text
+    assert sanity_notes(results) == []
+    reference["delta"]["misses"] = 3
+    reference["store_gets_all_nodes"] = 3
+    notes = sanity_notes(results)
+    assert any("the one-worker reference: 3 misses" in n for n in notes)
+    assert any("the one-worker reference: 3 store GETs" in n for n in notes)
 
 
 def test_proc_stat_parsing_and_cpu_split():
