@@ -85,9 +85,10 @@ class PeerServer:
         each send, not in the block. Anything else goes through ``serve_block``.
 
         ``answer_natively``, if given, is offered the frames received before any of them is
-        parsed here, whenever no answer is being sent: it answers those at the front whose
-        blocks the node's native table holds (cachefs_fast_read.c, "peer answers": no Python
-        per request) and says how far it got; the rest go the ways above."""
+        parsed here, whenever no answer is being sent (while one is, the connection's reader
+        waits for it first): it answers those at the front whose blocks the node's native
+        table holds (cachefs_fast_read.c, "peer answers": no Python per request) and says how
+        far it got; the rest go the ways above."""
         if not token:
             raise ValueError("the peer token must not be empty")
         self._serve_block = serve_block
@@ -175,6 +176,14 @@ class PeerServer:
         while True:
             if self._answer_natively is not None:
                 await reader.wait_for(wire.REQUEST.size)
+                if send_lock.value == 0:
+                    # An answer is still going out (the socket was full). Whatever is asked
+                    # now is answered after it on the one wire anyway: wait for the wire, then
+                    # the native table answers what came meanwhile in one call. (Handing each
+                    # request to a task instead ran every one through the Python path: a
+                    # py-spy profile of an owner put most of its peer-serving time there.)
+                    await send_lock.acquire()
+                    send_lock.release()
                 if send_lock.value == 1 and self._answered_natively(
                     stream, reader, send_lock, answers
                 ):

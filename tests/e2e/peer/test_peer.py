@@ -27,10 +27,22 @@ from cachefs.cache import TierConfig, TieredBlockCache
 from cachefs.cache.base import CHUNK_SIZE, BlockKey, CheckedBlock, OpenBlock, chunk_checksums
 from cachefs.errors import CachefsError, ObjectNotFound
 from cachefs.peer import wire
-from cachefs.peer.base import BlockRequest, NotCached, PeerError, PeerRefused, PeerUnavailable
+from cachefs.peer.base import (
+    BlockRequest,
+    NativeAnswers,
+    NotCached,
+    PeerError,
+    PeerRefused,
+    PeerUnavailable,
+)
 from cachefs.peer.client import PeerClient, open_peer_client
 from cachefs.peer.server import PeerServer
-from cachefs.peer.stream import ConnectionEnded, FrameReader
+from cachefs.peer.stream import (
+    ConnectionEnded,
+    FrameReader,
+    sendfile_without_waiting,
+    write_without_waiting,
+)
 from tests.damage import flip_byte
 from tests.waiting import wait_until
 
@@ -221,6 +233,84 @@ async def test_requests_sent_while_the_socket_is_full_arrive_whole_and_each_is_a
                 await trio.lowlevel.checkpoint()
     assert results == blocks
     assert sorted(seen) == sorted(keys)
+
+
+class FileAnswerer:
+    """``answer_natively`` as the owner's native table does it (cachefs_fast_read.c, "peer
+    answers"), in Python over real block files: each whole frame at the front answered with a
+    head and ``sendfile`` while the socket takes it, the last one handed back as ``partial``
+    when it did not take it whole, a frame the socket takes nothing of left unconsumed. The C
+    side itself is tested in tests/unit/fs/test_native_peer_answers.py and, through a cluster,
+    in tests/e2e/cluster/test_distributed.py; this stands in for it below the server's seam.
+    The socket's send buffer is made 256 KiB, so that a 1 MiB answer does not go out whole
+    (much smaller buffers make loopback TCP stall for seconds)."""
+
+    def __init__(self, files: dict[str, str]):
+        self.files = files  # key -> block file
+        self.answered = 0
+        self.partials = 0
+
+    def __call__(self, sock_fd: int, frames: memoryview, max_answers: int) -> NativeAnswers:
+        sock = socket.socket(fileno=os.dup(sock_fd))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 * 1024)
+        sock.close()
+        consumed = answered = 0
+        while answered < max_answers and len(frames) - consumed >= wire.REQUEST.size:
+            head = bytes(frames[consumed : consumed + wire.REQUEST.size])
+            end = consumed + wire.REQUEST.size + wire.request_names_length(head)
+            if end > len(frames):
+                break
+            request_id, req = wire.decode_request(head, bytes(frames[consumed + len(head) : end]))
+            with open(self.files[req.key], "rb") as f:
+                data = f.read()
+            answer = wire.encode_answer(request_id, wire.OK, CHUNK_SIZE, chunk_checksums(data),
+                                        len(data))  # fmt: skip
+            sent = write_without_waiting(sock_fd, answer)
+            if sent == 0:
+                break  # a full socket: this frame is the server's again
+            fd = os.open(self.files[req.key], os.O_RDONLY)
+            if sent == len(answer):
+                sent += sendfile_without_waiting(sock_fd, fd, 0, len(data))
+            consumed, answered = end, answered + 1
+            self.answered += 1
+            if sent < len(answer) + len(data):
+                self.partials += 1
+                return NativeAnswers(consumed, answered, (answer, fd, len(data), sent))
+            os.close(fd)
+        return NativeAnswers(consumed, answered, None)
+
+
+async def test_requests_that_come_while_a_native_answer_is_still_sent_are_answered_natively(
+    tmp_path,
+):
+    """While an answer the native table began is still going out (the socket was full), the
+    requests that arrive meanwhile wait for the wire and are then offered to the native table:
+    none of them goes through ``serve_block`` (the Python path, which they all took before)."""
+    blocks = {f"k{i}": random.randbytes(MIB + 1000 * i) for i in range(24)}
+    files = {}
+    for key, data in blocks.items():
+        files[key] = str(tmp_path / key)
+        with open(files[key], "wb") as f:
+            f.write(data)
+    owner = FakeOwner({})
+    answerer = FileAnswerer(files)
+    results: dict[str, bytes] = {}
+    async with (
+        served(owner.serve_block, answer_natively=answerer) as address,
+        open_peer_client(TOKEN, timeout_s=60) as client,
+    ):
+
+        async def read(key: str) -> None:
+            req = BlockRequest("ds", key, "e", len(blocks[key]), 0, 4 * MIB)
+            results[key] = await client.get_block(address, req)
+
+        async with trio.open_nursery() as readers:
+            for key in blocks:
+                readers.start_soon(read, key)
+    assert results == blocks
+    assert answerer.answered == len(blocks)
+    assert answerer.partials > 0  # the case this is about happened
+    assert owner.requests == []
 
 
 async def test_a_batch_is_one_write_and_each_request_gets_its_own_outcome():
