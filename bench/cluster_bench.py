@@ -22,7 +22,12 @@ One run, all real processes on loopback (needs root: FUSE mounts and drop_caches
    readers read, in a shuffled order, (a) the files whose shard the node owns — served by its
    own tiers —, (b) the files owned by other nodes — served by peers —, (c) every file. Every
    length and every file's xxh3 is checked against the generator's bytes; the worker's counters
-   split the bytes served into tiers, and the store GETs of every node must not move.
+   split the bytes served into tiers, and the store GETs of every node must not move. After
+   each drop (``--back-pages``, on by default) 1.25x the pass's bytes of memory are taken and
+   given back (``bench.page_cost.back_free_pages``), so that the pass's page cache lands on
+   pages the VM's host backs: on the reference VM (free page reporting on) a page the host took
+   back costs a host fault, which left alone put 74 % of a reading worker's CPU into the copy
+   into such pages late in the all-files pass.
 6. ``one_node_reference`` (with ``--nodes`` > 1, unless ``--no-one-node-reference``): the
    cluster is stopped, one coordinator and ONE worker (n1) are started on the same store, the
    whole dataset is preloaded into it and pass (c) runs on it: the rate of a single worker
@@ -56,6 +61,7 @@ from dataclasses import dataclass
 import xxhash
 
 from bench.datagen import DatasetPlan, file_bytes, plan_dataset, size_summary, upload_s3
+from bench.page_cost import back_free_pages
 from bench.read_bench import (
     MOTO_ENV,
     BenchmarkFailure,
@@ -83,6 +89,9 @@ PRELOAD_VS_RAW_TARGET = 0.8
 PEER_VS_LOCAL_TARGET = 0.7
 ALL_VS_ONE_NODE_TARGET = 0.6
 HEARTBEAT = "0.5s"
+#: Memory taken and given back after each drop_caches beyond the pass's bytes (x 1.25):
+#: ``--back-pages``.
+BACK_PAGES_SLACK = 64 << 20
 #: How often the bench asks the coordinator whether the preload is over (`cachefs preload
 #: --wait` asks every 0.5 s); the preload's end is known to within this plus a heartbeat.
 PRELOAD_POLL_S = 0.25
@@ -663,6 +672,7 @@ class Setup:
     order: list[int]  # one shuffled order of every file
     quiet: tuple[float, float]  # (busy share, max wait) before each timed phase
     block_size: int = DEFAULT_BLOCK_SIZE
+    back_pages: bool = False  # --back-pages: see bench.page_cost.back_free_pages
 
 
 def blocks_of(size: int, block_size: int) -> int:
@@ -818,6 +828,10 @@ def read_phase(
             order = selections[kind]
             busy = wait_for_quiet_cpu(*setup.quiet)
             drop_page_cache()
+            backed_s = None
+            if setup.back_pages:  # pages the host backs, as on bare metal (bench/page_cost.py)
+                pass_bytes = sum(setup.sizes[i] for i in order)
+                backed_s = back_free_pages(pass_bytes * 5 // 4 + BACK_PAGES_SLACK)
             before = {n.name: worker_counters(n.status()) for n in cluster.nodes}
             cpu_before = group_cpu_seconds(groups)
             try:
@@ -845,6 +859,7 @@ def read_phase(
                 "files_per_s": run.files / run.seconds if run.seconds else 0.0,
                 "mb_per_s": run.bytes / run.seconds / 1e6 if run.seconds else 0.0,
                 "cpu_busy_before": round(busy, 3),
+                "backed_pages_s": backed_s,
                 "delta": delta,
                 "store_gets_all_nodes": sum(
                     after[n]["store_gets"] - before[n]["store_gets"] for n in after
@@ -899,6 +914,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
         hashes=expected_hashes(plan),
         order=order,
         quiet=(args.quiet_cpu, args.quiet_wait),
+        back_pages=args.back_pages,
     )
 
 
@@ -1095,6 +1111,7 @@ def assemble(args, setup: Setup, parts: dict, load_before, started: float) -> di
         },
         "readers": args.threads,
         "order_seed": args.order_seed,
+        "back_pages": args.back_pages,
         "verification": "every length and every file's xxh3_64 against the generator's bytes",
         **parts,
     }
@@ -1222,6 +1239,16 @@ def render_markdown(results: dict) -> str:
         "",
         "### Reads through each node's mount (one node at a time, page cache dropped before "
         f"every pass, {results['readers']} readers)",
+        "",
+        (
+            "After each drop, 1.25x the pass's bytes of memory were taken and given back "
+            "(`--back-pages`), so that the pass's page cache lands on pages the VM's host backs, "
+            "as a bare-metal kernel's are (`bench/page_cost.py`)."
+            if results.get("back_pages")
+            else "The passes' page cache landed on whatever pages the kernel had free "
+            "(`--no-back-pages`): on a VM that hands free memory back to its host, pages it "
+            "took back cost a host fault each (`bench/page_cost.py`)."
+        ),
         "",
         "| node | pass | files | s | files/s | MB/s | served: RAM+SSD / peer / recent / store (MB) "
         "| peer reads ok | store GETs, all nodes | worker CPU ms/file: this node / others "
@@ -1421,6 +1448,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="threads per raw GET process (processes = nodes x preload-processes)",
     )
     parser.add_argument("--ram", default="auto", help="RAM tier per worker (auto: see README)")
+    parser.add_argument(
+        "--back-pages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after each drop_caches, take and give back 1.25x the pass's bytes of memory, so "
+        "that its page cache lands on pages the VM's host backs (bench/page_cost.py)",
+    )
     parser.add_argument(
         "--one-node-reference",
         action=argparse.BooleanOptionalAction,

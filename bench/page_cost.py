@@ -20,7 +20,8 @@ and reports whether free page reporting is on (``/sys/module/page_reporting``): 
 how much memory it has reported to the host so far.
 
 Output: JSON (stdout) and a table (stderr). Nothing is asserted; nothing here is imported by
-cachefs. Reference (bench/results/page_cost/2026-12-01.md): on the 2-core VM of the
+cachefs. ``back_free_pages`` is the remedy the cluster bench uses (``--back-pages``): memory
+taken and given back right before a pass, so that its page cache lands on pages the host backs. Reference (bench/results/page_cost/2026-12-01.md): on the 2-core VM of the
 benchmarks, with reporting on, ``create_write`` ~60 µs per 110 KB file against ~9 µs for
 ``overwrite``.
 """
@@ -94,6 +95,26 @@ def anon(data: bytes, times: int) -> float:
         mapping[: len(data)] = data
         mapping.close()
     return (time.perf_counter() - started) / times
+
+
+def back_free_pages(nbytes: int) -> float:
+    """Take ``nbytes`` of free memory and give it back at once (an anonymous mapping, every
+    page written, unmapped): seconds taken. The kernel's next allocations take those pages
+    first (freed last), and the host backs them again, so a benchmark pass that fills that much
+    page cache right after pays what a bare-metal kernel pays for a page, not the host's fault
+    for a page it took back (free page reporting). On a machine without reporting this only
+    costs the time. Used by bench/cluster_bench.py (``--back-pages``)."""
+    length = max(PAGE, -(-nbytes // PAGE) * PAGE)
+    started = time.perf_counter()
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    mapping = mmap.mmap(-1, length, flags=flags)
+    try:
+        if not getattr(mmap, "MAP_POPULATE", 0):
+            for offset in range(0, length, PAGE):
+                mapping[offset] = 1
+    finally:
+        mapping.close()
+    return time.perf_counter() - started
 
 
 def measure(where: str, size: int, files: int, repeats: int) -> dict:

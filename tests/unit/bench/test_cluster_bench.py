@@ -293,6 +293,8 @@ def test_markdown_and_files(tmp_path):
     assert "one worker holding every block (same run" not in text
     assert "| **all** | 30 | 3,000 | 3,000 | yes |" in text
     assert "FUSE no-open mode: on" in text
+    assert "(`--no-back-pages`)" in text
+    assert "(`--back-pages`)" in render_markdown({**results, "back_pages": True})
     assert (
         "| s | objects done | n1 fetched (helper processes) | n2 fetched (helper processes) |"
         in (text)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 from bench import page_cost
+from harness.processes import REPO_ROOT
 
 
 def test_a_small_run_measures_every_row_and_reads_the_kernels_reporting(tmp_path, capsys):
@@ -26,3 +29,23 @@ def test_a_small_run_measures_every_row_and_reads_the_kernels_reporting(tmp_path
     assert result["new_page_us"] == expected
     assert result["page_reporting"]["on"] == os.path.isdir(page_cost.REPORTING)
     assert os.listdir(tmp_path) == []  # its scratch files are gone
+
+
+def test_backing_free_pages_takes_the_memory_and_gives_it_back():
+    """In a fresh process (its peak not raised by earlier tests): the peak grows by the 64 MiB
+    written, the resident size does not keep them."""
+    script = (
+        "from bench import page_cost\n"
+        "def kib(field):\n"
+        "    with open('/proc/self/status') as f:\n"
+        "        return int(next(l for l in f if l.startswith(field)).split()[1])\n"
+        "before = (kib('VmHWM:'), kib('VmRSS:'))\n"
+        "assert page_cost.back_free_pages(64 << 20) > 0\n"
+        "print(kib('VmHWM:') - before[0], kib('VmRSS:') - before[1])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    )
+    peak_growth, rss_growth = (int(v) for v in done.stdout.split())
+    assert peak_growth >= 60 * 1024
+    assert rss_growth < 16 * 1024
