@@ -25,6 +25,13 @@ small file's block file itself (FUSE passthrough), the worker answers its OPEN a
   every file fetched from the source through the worker (processes).
 * ``large_first_read_ram`` — ``--large-files`` files of ``--large-mib`` MiB in the RAM tier,
   page cache dropped, one reader, MB/s (``--large-files 0``: no such pass).
+
+After the ``drop_caches`` of the ``first_read_ram*`` and ``large_first_read_ram`` passes the
+bench takes 1.25x the pass's bytes of memory and gives it back (``--back-pages``, on by default;
+``bench.page_cost.back_free_pages``): on a VM that hands free memory back to its host, a page
+the host took back costs a host fault when the pass's page cache is written into it, which a
+bare-metal kernel never pays and tmpfs, reading pages it holds, never meets.
+``--no-back-pages`` measures the pages as the kernel hands them out.
 * ``ls_lR`` and ``find`` of the tree, warm (run once untimed first): seconds.
 * ``walk_cold_first`` / ``walk_cold_second`` (with ``--walk N``) — an ImageNet-shaped namespace
   of N empty files (bench/suite/metadata.py) walked (scandir + lstat of every entry) after
@@ -66,6 +73,7 @@ import xxhash
 
 from bench import emulator
 from bench.datagen import file_bytes, plan_dataset, write_local
+from bench.page_cost import back_free_pages
 from bench.read_bench import (
     BenchmarkFailure,
     WorkerProcess,
@@ -95,11 +103,21 @@ _MIB = 1 << 20
 # --- caches ----------------------------------------------------------------------------------
 
 
-def drop_caches(level: int) -> None:
-    """``echo level > drop_caches``: 1 = page cache, 3 = page cache, dentries and inodes."""
+def drop_caches(level: int, back_bytes: int = 0) -> None:
+    """``echo level > drop_caches``: 1 = page cache, 3 = page cache, dentries and inodes; then
+    ``back_bytes`` of memory taken and given back (``--back-pages``), so that the next pass's
+    page cache lands on pages the VM's host backs (``bench.page_cost.back_free_pages``)."""
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as control:
         control.write(f"{level}\n")
+    if back_bytes:
+        back_free_pages(back_bytes)
+
+
+def pages_to_back(args: argparse.Namespace, nbytes: int) -> int:
+    """What ``drop_caches`` takes and gives back before a pass reading ``nbytes``: 1.25x them
+    and 64 MiB more with ``--back-pages``, else nothing."""
+    return nbytes * 5 // 4 + (64 << 20) if args.back_pages else 0
 
 
 def list_tree(root: str) -> int:
@@ -340,6 +358,7 @@ def _run(args: argparse.Namespace) -> dict:
         "large_files": args.large_files,
         "large_mib": args.large_mib,
         "repeats": args.repeats,
+        "back_pages": args.back_pages,
         "systems": args.systems.split(","),
         "passes": [],
     }
@@ -441,7 +460,7 @@ def _passes(args, systems, readers, order, sample, small, large) -> list[dict]:
 
             def after_listing(level: int = 1, root: str = root) -> None:
                 list_tree(root)
-                drop_caches(level)
+                drop_caches(level, pages_to_back(args, nbytes))
 
             for name, runner, prepare in (
                 ("first_read_ram", process_pass, after_listing),
@@ -473,7 +492,7 @@ def _passes(args, systems, readers, order, sample, small, large) -> list[dict]:
         result = measure(
             system,
             lambda p=paths, o=large_order: process_pass(p, large_sizes, o, 1, large_digests),
-            lambda: drop_caches(1),
+            lambda: drop_caches(1, pages_to_back(args, sum(large_sizes))),
             args.repeats,
         )
         record("large_first_read_ram", system, 1, len(paths), sum(large_sizes), result)
@@ -718,7 +737,12 @@ def render(results: dict) -> str:
         + " (a cold walk's dentry and inode inserts search these; see `describe_kernel_hashes`).",
         f"Data: {results['files']:,} small files ({results['small_bytes'] / 1e6:,.0f} MB), "
         f"{results['large_files']} x {results['large_mib']} MiB large files; best of "
-        f"{results['repeats']}.",
+        f"{results['repeats']}; "
+        + (
+            "pages backed before the RAM-tier first-read passes (`--back-pages`)."
+            if results.get("back_pages")
+            else "pages as the kernel hands them out (`--no-back-pages`)."
+        ),
         "",
         "| pass | readers | tmpfs | "
         + " | ".join(names)
@@ -808,6 +832,14 @@ def main(argv: list[str] | None = None) -> int:
         help="large files for large_first_read_ram (0: skip it)",
     )
     parser.add_argument("--large-mib", type=int, default=256)
+    parser.add_argument(
+        "--back-pages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the drop_caches of the RAM-tier first-read passes, take and give back 1.25x "
+        "their bytes of memory, so that their page cache lands on pages the VM's host backs "
+        "(bench/page_cost.py)",
+    )
     parser.add_argument(
         "--cold-fraction",
         type=int,

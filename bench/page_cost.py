@@ -20,10 +20,13 @@ and reports whether free page reporting is on (``/sys/module/page_reporting``): 
 how much memory it has reported to the host so far.
 
 Output: JSON (stdout) and a table (stderr). Nothing is asserted; nothing here is imported by
-cachefs. ``back_free_pages`` is the remedy the cluster bench uses (``--back-pages``): memory
-taken and given back right before a pass, so that its page cache lands on pages the host backs. Reference (bench/results/page_cost/2026-12-01.md): on the 2-core VM of the
+cachefs. Reference (bench/results/page_cost/2026-12-01.md): on the 2-core VM of the
 benchmarks, with reporting on, ``create_write`` ~60 µs per 110 KB file against ~9 µs for
 ``overwrite``.
+
+``back_free_pages`` is the remedy the cluster and native-read benches use (``--back-pages``):
+memory taken and given back right before a pass, so that its page cache lands on pages the
+host backs.
 """
 
 from __future__ import annotations

@@ -112,6 +112,8 @@ def test_a_tiny_run_measures_what_each_pass_says(tmp_path, capsys):
     assert echo3["native_reads"] == 40 and echo3["python_reads"] == 0
     assert by_key[("first_read_source", "native", 2)]["worker"]["misses"] > 0
     assert "| first_read_ram (files/s) | 2 |" in render(results)
+    assert results["back_pages"] is True  # the default
+    assert "pages backed before the RAM-tier first-read passes" in render(results)
     # The second cold walk of the namespace (300 files in 300 class directories + train) is
     # listed from the binding: its listings were registered by the first.
     walk = by_key[("walk_cold_second", "passthrough", 1)]
@@ -132,11 +134,13 @@ def test_no_large_files_skips_the_large_pass(tmp_path):
     out = tmp_path / "result.json"
     argv = [
         "--files", "20", "--classes", "2", "--sample", "5", "--readers", "1",
-        "--repeats", "1", "--large-files", "0", "--systems", "native",
+        "--repeats", "1", "--large-files", "0", "--systems", "native", "--no-back-pages",
         "--workdir", str(tmp_path / "work"), "--json", str(out),
     ]  # fmt: skip
     assert main(argv) == 0
-    passes = json.loads(out.read_text())["passes"]
+    results = json.loads(out.read_text())
+    assert "pages as the kernel hands them out" in render(results)
+    passes = results["passes"]
     assert {p["pass"] for p in passes} >= {"first_read_ram", "warm", "ls_lR"}
     assert not [p for p in passes if p["pass"] == "large_first_read_ram"]
     first = next(p for p in passes if (p["pass"], p["system"]) == ("first_read_ram", "native"))
