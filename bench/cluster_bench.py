@@ -226,6 +226,8 @@ def _peer_reads_ok(delta: dict) -> int:
 def sanity_notes(results: dict) -> list[str]:
     """Warnings when counters contradict what a pass claims to measure."""
     notes = []
+    if (results.get("one_node_reference") or {}).get("error"):
+        notes.append(f"the one-worker reference failed: {results['one_node_reference']['error']}")
     reference = (results.get("one_node_reference") or {}).get("read")
     for p in [*results.get("reads", []), *([reference] if reference else [])]:
         d, label = p["delta"], f"{p['node']} {p['kind']}"
@@ -1056,9 +1058,12 @@ def start_with_dataset(cluster: Cluster, setup: Setup, endpoint: str) -> dict[st
 
 def one_node_reference(run_dir: str, args: argparse.Namespace, setup: Setup, moto) -> dict:
     """One coordinator and one worker on the same store, every block preloaded into it, and
-    the all-files pass through its mount: what a node's all-files pass is compared with."""
+    the all-files pass through its mount: what a node's all-files pass is compared with. Its
+    RAM tier is sized for the whole dataset (``--ram auto`` for one node: a ``--ram`` given for
+    the cluster's nodes may hold only a share). A failure here is recorded (``error``), not
+    raised: the cluster's passes before it are kept."""
     single = argparse.Namespace(**{**vars(args), "nodes": 1})
-    ram = ram_per_node(setup.plan.total_bytes, 1, args.ram)
+    ram = ram_per_node(setup.plan.total_bytes, 1, "auto")
     cluster = Cluster(os.path.join(run_dir, "one-node"), single, ram)
     cluster.moto_pgid = moto_pgid(moto)
     print(f"one-node reference: a coordinator and 1 worker (RAM tier {ram})", file=sys.stderr)
@@ -1068,10 +1073,14 @@ def one_node_reference(run_dir: str, args: argparse.Namespace, setup: Setup, mot
         locality, _ = wait_for_locality(cluster, setup.plan.total_bytes)
         if locality["cached_bytes"] != setup.plan.total_bytes:
             raise BenchmarkFailure(
-                f"one-node reference: {locality['cached_bytes']:,} of "
-                f"{setup.plan.total_bytes:,} bytes cached after the preload"
+                f"{locality['cached_bytes']:,} of {setup.plan.total_bytes:,} bytes cached "
+                "after the preload"
             )
         (read,) = read_phase(cluster, setup, owned, args.threads, kinds=("all",))
+    except Exception as exc:  # reported with the run, whatever it was
+        print(f"one-node reference failed: {exc}", file=sys.stderr)
+        return {"ram_per_node": ram, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                "log_tail": cluster.log_tails()[-4000:]}  # fmt: skip
     finally:
         cluster.stop()
     return {
@@ -1288,7 +1297,7 @@ def render_markdown(results: dict) -> str:
             f"| {_ratio(peer, local) if peer else ''} | {overall:,.0f} "
             f"| {_ratio(overall, one_node) if one_node else ''} |"
         )
-    if reference:
+    if reference and reference.get("read"):
         r = reference["read"]
         lines += [
             f"| one worker holding every block (same run, RAM tier {reference['ram_per_node']}) "

@@ -100,14 +100,35 @@ def anon(data: bytes, times: int) -> float:
     return (time.perf_counter() - started) / times
 
 
+#: What :func:`back_free_pages` leaves of the memory available.
+BACK_PAGES_MARGIN = 1 << 30
+
+
+def available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (0 where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def back_free_pages(nbytes: int) -> float:
     """Take ``nbytes`` of free memory and give it back at once (an anonymous mapping, every
     page written, unmapped): seconds taken. The kernel's next allocations take those pages
     first (freed last), and the host backs them again, so a benchmark pass that fills that much
     page cache right after pays what a bare-metal kernel pays for a page, not the host's fault
     for a page it took back (free page reporting). On a machine without reporting this only
-    costs the time. Used by bench/cluster_bench.py (``--back-pages``)."""
-    length = max(PAGE, -(-nbytes // PAGE) * PAGE)
+    costs the time. Used by bench/cluster_bench.py (``--back-pages``). Never more than the
+    memory available now less :data:`BACK_PAGES_MARGIN` (this memory cannot be reclaimed while
+    it is held: more could make the kernel kill the bench, which then leaves its processes
+    behind), nothing if that leaves none."""
+    length = -(-min(nbytes, available_bytes() - BACK_PAGES_MARGIN) // PAGE) * PAGE
+    if length <= 0:
+        return 0.0
     started = time.perf_counter()
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     mapping = mmap.mmap(-1, length, flags=flags)

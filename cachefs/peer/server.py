@@ -173,22 +173,26 @@ class PeerServer:
         answers: trio.Nursery,
     ) -> None:
         answered_inline = 0
+        native_rest_sent: trio.Event | None = None  # set once a native answer's rest is out
         while True:
             if self._answer_natively is not None:
                 await reader.wait_for(wire.REQUEST.size)
-                if send_lock.value == 0:
-                    # An answer is still going out (the socket was full). Whatever is asked
-                    # now is answered after it on the one wire anyway: wait for the wire, then
-                    # the native table answers what came meanwhile in one call. (Handing each
-                    # request to a task instead ran every one through the Python path: a
-                    # py-spy profile of an owner put most of its peer-serving time there.)
-                    await send_lock.acquire()
-                    send_lock.release()
-                if send_lock.value == 1 and self._answered_natively(
-                    stream, reader, send_lock, answers
-                ):
-                    await trio.lowlevel.checkpoint()  # up to NATIVE_ANSWERS_IN_A_ROW at once
-                    continue
+                if native_rest_sent is not None:
+                    # The socket did not take the last native answer whole, and a task sends
+                    # its rest. What is asked meanwhile would be answered after it on the one
+                    # wire anyway: wait for it, then offer the native table the frames
+                    # received. (Parsing each in Python instead gave every one a task on the
+                    # Python path: a py-spy profile of an owner put most of its peer-serving
+                    # time there.) Answers of other kinds being sent are not waited for.
+                    await native_rest_sent.wait()
+                    native_rest_sent = None
+                if send_lock.value == 1:
+                    answered, native_rest_sent = self._answered_natively(
+                        stream, reader, send_lock, answers
+                    )
+                    if answered:
+                        await trio.lowlevel.checkpoint()  # up to NATIVE_ANSWERS_IN_A_ROW at once
+                        continue
             head = await reader.exactly(wire.REQUEST.size)
             try:
                 names = await reader.exactly(wire.request_names_length(head))
@@ -222,10 +226,11 @@ class PeerServer:
         reader: FrameReader,
         send_lock: trio.Semaphore,
         answers: trio.Nursery,
-    ) -> bool:
-        """Let ``answer_natively`` answer the frames at the front of what was received; True
-        if it answered any. An answer the socket did not take whole is finished by a task
-        that holds the send lock, as :meth:`_answer_now` does."""
+    ) -> tuple[bool, trio.Event | None]:
+        """Let ``answer_natively`` answer the frames at the front of what was received:
+        whether it answered any, and an event set once the last answer's rest is out when the
+        socket did not take it whole (a task that holds the send lock sends it, as
+        :meth:`_answer_now` does)."""
         assert self._answer_natively is not None
         try:
             done = self._answer_natively(
@@ -234,14 +239,16 @@ class PeerServer:
         except OSError as err:  # an answer's head went out: the connection must go
             raise trio.BrokenResourceError(f"send: {err}") from err
         if done is None or not done.answered:
-            return False
+            return False, None
         reader.skip(done.consumed)
-        if done.partial is not None:
-            head, fd, length, sent = done.partial
-            send_lock.acquire_nowait()
-            block = OpenBlock(fd, length, b"")  # the checksums went out with the head
-            answers.start_soon(self._finish, stream, send_lock, head, block, sent)
-        return True
+        if done.partial is None:
+            return True, None
+        head, fd, length, sent = done.partial
+        send_lock.acquire_nowait()
+        block = OpenBlock(fd, length, b"")  # the checksums went out with the head
+        rest_sent = trio.Event()
+        answers.start_soon(self._finish, stream, send_lock, head, block, sent, rest_sent)
+        return True, rest_sent
 
     def _answer_now(
         self,
@@ -291,13 +298,17 @@ class PeerServer:
         head: bytes,
         block: CheckedBlock | OpenBlock,
         sent: int,
+        rest_sent: trio.Event | None = None,
     ) -> None:
-        """The rest of an answer :meth:`_answer_now` began: ``sent`` bytes of head and block
-        are out, and the send lock is held."""
+        """The rest of an answer :meth:`_answer_now` or the native table began: ``sent``
+        bytes of head and block are out, and the send lock is held. ``rest_sent`` is set when
+        it is over (sent, or the connection closed)."""
         try:
             await self._send(stream, send_lock, head, block, sent=sent)
         finally:
             _close(block)
+            if rest_sent is not None:
+                rest_sent.set()
 
     async def _answer(
         self,

@@ -335,6 +335,12 @@ def test_the_one_worker_reference_gives_each_node_its_all_files_ratio():
     assert any("the one-worker reference: 3 misses" in n for n in notes)
     assert any("the one-worker reference: 3 store GETs" in n for n in notes)
 
+    failed = _results()
+    failed["one_node_reference"] = {"ram_per_node": "1GiB", "error": "BenchmarkFailure: boom"}
+    assert not [t for t in evaluate(failed) if "one worker" in t["target"]]
+    assert "the one-worker reference failed: BenchmarkFailure: boom" in sanity_notes(failed)
+    assert "one worker holding every block (same run" not in render_markdown(failed)
+
 
 def test_proc_stat_parsing_and_cpu_split():
     # the command name may hold spaces and parentheses

@@ -49,3 +49,17 @@ def test_backing_free_pages_takes_the_memory_and_gives_it_back():
     peak_growth, rss_growth = (int(v) for v in done.stdout.split())
     assert peak_growth >= 60 * 1024
     assert rss_growth < 16 * 1024
+
+
+def test_backing_free_pages_never_takes_more_than_is_available(monkeypatch):
+    monkeypatch.setattr(page_cost, "available_bytes", lambda: page_cost.BACK_PAGES_MARGIN)
+    assert page_cost.back_free_pages(1 << 40) == 0.0  # nothing left above the margin
+    monkeypatch.setattr(
+        page_cost, "available_bytes", lambda: page_cost.BACK_PAGES_MARGIN + (8 << 20)
+    )
+    assert page_cost.back_free_pages(1 << 40) > 0  # 8 MiB, not a TiB
+
+
+def test_available_memory_is_read_from_the_kernel():
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < page_cost.available_bytes() <= total
