@@ -85,10 +85,11 @@ class PeerServer:
         each send, not in the block. Anything else goes through ``serve_block``.
 
         ``answer_natively``, if given, is offered the frames received before any of them is
-        parsed here, whenever no answer is being sent (while one is, the connection's reader
-        waits for it first): it answers those at the front whose blocks the node's native
-        table holds (cachefs_fast_read.c, "peer answers": no Python per request) and says how
-        far it got; the rest go the ways above."""
+        parsed here, whenever no answer is being sent (while the rest of an answer it began
+        is going out, the connection's reader waits for that first): it answers those at the
+        front whose blocks the node's native table holds (cachefs_fast_read.c, "peer
+        answers": no Python per request) and says how far it got; the rest go the ways
+        above."""
         if not token:
             raise ValueError("the peer token must not be empty")
         self._serve_block = serve_block
