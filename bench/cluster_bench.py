@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import xxhash
 
 from bench.datagen import DatasetPlan, file_bytes, plan_dataset, size_summary, upload_s3
-from bench.page_cost import back_free_pages
+from bench.page_cost import back_pages_for_pass
 from bench.read_bench import (
     MOTO_ENV,
     BenchmarkFailure,
@@ -89,9 +89,6 @@ PRELOAD_VS_RAW_TARGET = 0.8
 PEER_VS_LOCAL_TARGET = 0.7
 ALL_VS_ONE_NODE_TARGET = 0.6
 HEARTBEAT = "0.5s"
-#: Memory taken and given back after each drop_caches beyond the pass's bytes (x 1.25):
-#: ``--back-pages``.
-BACK_PAGES_SLACK = 64 << 20
 #: How often the bench asks the coordinator whether the preload is over (`cachefs preload
 #: --wait` asks every 0.5 s); the preload's end is known to within this plus a heartbeat.
 PRELOAD_POLL_S = 0.25
@@ -833,7 +830,7 @@ def read_phase(
             backed_s = None
             if setup.back_pages:  # pages the host backs, as on bare metal (bench/page_cost.py)
                 pass_bytes = sum(setup.sizes[i] for i in order)
-                backed_s = back_free_pages(pass_bytes * 5 // 4 + BACK_PAGES_SLACK)
+                backed_s = back_pages_for_pass(pass_bytes)
             before = {n.name: worker_counters(n.status()) for n in cluster.nodes}
             cpu_before = group_cpu_seconds(groups)
             try:

@@ -73,7 +73,7 @@ import xxhash
 
 from bench import emulator
 from bench.datagen import file_bytes, plan_dataset, write_local
-from bench.page_cost import back_free_pages
+from bench.page_cost import back_pages_for_pass
 from bench.read_bench import (
     BenchmarkFailure,
     WorkerProcess,
@@ -103,21 +103,15 @@ _MIB = 1 << 20
 # --- caches ----------------------------------------------------------------------------------
 
 
-def drop_caches(level: int, back_bytes: int = 0) -> None:
-    """``echo level > drop_caches``: 1 = page cache, 3 = page cache, dentries and inodes; then
-    ``back_bytes`` of memory taken and given back (``--back-pages``), so that the next pass's
-    page cache lands on pages the VM's host backs (``bench.page_cost.back_free_pages``)."""
+def drop_caches(level: int, pass_bytes: int = 0) -> None:
+    """``echo level > drop_caches``: 1 = page cache, 3 = page cache, dentries and inodes; then,
+    for a next pass reading ``pass_bytes`` (``--back-pages``), memory taken and given back so
+    that its page cache lands on pages the VM's host backs (``bench.page_cost``)."""
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as control:
         control.write(f"{level}\n")
-    if back_bytes:
-        back_free_pages(back_bytes)
-
-
-def pages_to_back(args: argparse.Namespace, nbytes: int) -> int:
-    """What ``drop_caches`` takes and gives back before a pass reading ``nbytes``: 1.25x them
-    and 64 MiB more with ``--back-pages``, else nothing."""
-    return nbytes * 5 // 4 + (64 << 20) if args.back_pages else 0
+    if pass_bytes:
+        back_pages_for_pass(pass_bytes)
 
 
 def list_tree(root: str) -> int:
@@ -460,7 +454,7 @@ def _passes(args, systems, readers, order, sample, small, large) -> list[dict]:
 
             def after_listing(level: int = 1, root: str = root) -> None:
                 list_tree(root)
-                drop_caches(level, pages_to_back(args, nbytes))
+                drop_caches(level, nbytes if args.back_pages else 0)
 
             for name, runner, prepare in (
                 ("first_read_ram", process_pass, after_listing),
@@ -492,7 +486,7 @@ def _passes(args, systems, readers, order, sample, small, large) -> list[dict]:
         result = measure(
             system,
             lambda p=paths, o=large_order: process_pass(p, large_sizes, o, 1, large_digests),
-            lambda: drop_caches(1, pages_to_back(args, sum(large_sizes))),
+            lambda: drop_caches(1, sum(large_sizes) if args.back_pages else 0),
             args.repeats,
         )
         record("large_first_read_ram", system, 1, len(paths), sum(large_sizes), result)

@@ -102,6 +102,8 @@ def anon(data: bytes, times: int) -> float:
 
 #: What :func:`back_free_pages` leaves of the memory available.
 BACK_PAGES_MARGIN = 1 << 30
+#: Backed before a pass beyond 1.25x its bytes (:func:`back_pages_for_pass`).
+BACK_PAGES_SLACK = 64 << 20
 
 
 def available_bytes() -> int:
@@ -139,6 +141,13 @@ def back_free_pages(nbytes: int) -> float:
     finally:
         mapping.close()
     return time.perf_counter() - started
+
+
+def back_pages_for_pass(pass_bytes: int) -> float:
+    """:func:`back_free_pages` sized for a pass that reads ``pass_bytes`` into the page cache:
+    1.25x them and :data:`BACK_PAGES_SLACK` more (what the benches' ``--back-pages`` does after
+    each ``drop_caches``); seconds taken."""
+    return back_free_pages(pass_bytes * 5 // 4 + BACK_PAGES_SLACK)
 
 
 def measure(where: str, size: int, files: int, repeats: int) -> dict:

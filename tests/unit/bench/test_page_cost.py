@@ -63,3 +63,10 @@ def test_backing_free_pages_never_takes_more_than_is_available(monkeypatch):
 def test_available_memory_is_read_from_the_kernel():
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert 0 < page_cost.available_bytes() <= total
+
+
+def test_a_pass_is_backed_with_a_quarter_more_than_it_reads_and_the_slack(monkeypatch):
+    asked = []
+    monkeypatch.setattr(page_cost, "back_free_pages", lambda n: asked.append(n) or 0.5)
+    assert page_cost.back_pages_for_pass(400 << 20) == 0.5
+    assert asked == [(500 << 20) + page_cost.BACK_PAGES_SLACK]
