@@ -92,6 +92,8 @@ NAMES = "names"
 WORKER_OPTIONS = {
     "passthrough": ["--fuse-fast-read", "on", "--fuse-passthrough", "on"],
     "native": ["--fuse-fast-read", "on", "--fuse-passthrough", "off"],
+    # The native path served by two processes (cachefs/fs/serving.py).
+    "native-2p": ["--fuse-fast-read", "on", "--fuse-passthrough", "off", "--fuse-processes", "2"],
     "python": ["--fuse-fast-read", "off"],
 }
 _LARGE_SEED = 1616
@@ -397,6 +399,10 @@ def _run(args: argparse.Namespace) -> dict:
             if s.name != "python"
         }
         results["rss_bytes"] = {s.name: s.worker.client.status()["rss_bytes"] for s in systems[1:]}
+        # The serving processes of --fuse-processes: pids, deaths, requests forwarded by op.
+        results["fuse_processes"] = {
+            s.name: s.worker.client.status()["fuse_processes"] for s in systems[1:]
+        }
     finally:
         for worker in workers:
             worker.stop()
@@ -805,7 +811,8 @@ def render(results: dict) -> str:
     lines += [
         "",
         f"Worker RSS at the end: {results.get('rss_bytes')}. Native path counters: "
-        f"{results.get('native_counters')}.",
+        f"{results.get('native_counters')}. Serving processes: "
+        f"{results.get('fuse_processes')}.",
         *rss_lines,
     ]
     return "\n".join(lines) + "\n"

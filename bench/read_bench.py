@@ -674,8 +674,9 @@ class WorkerProcess(processes.WorkerProcess):
         return counters
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time the worker process has used so far (all its threads)."""
-        return processes.cpu_seconds(self.process.pid)
+        """User + system CPU time the worker has used so far (all its threads), its child
+        processes' included (the serving processes of ``--fuse-processes``)."""
+        return processes.family_cpu_seconds(self.process.pid)
 
     def write_syscalls(self) -> int:
         """write/writev calls the worker has made: during a pass almost all are FUSE replies

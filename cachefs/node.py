@@ -141,6 +141,7 @@ class Node(WorkerAPI):
                 fast_read=config.fast_read,
                 passthrough=config.passthrough,
                 max_tasks=config.max_tasks,
+                fuse_processes=config.fuse_processes,
             )
             self.datasets = DatasetManager(
                 self.fs,

@@ -302,6 +302,20 @@ class WorkerConfig:
         "64",
         "concurrent FUSE requests (pyfuse3's analogue of `max_idle_threads`)",
     )
+    # More processes reading the one FUSE connection (cachefs/fs/serving.py): each answers
+    # from its own native table in C and forwards the rest to the worker. 1 by default: on the
+    # one machine measured (2 cores) two processes were slower in every pass (README,
+    # "Serving the mount from more processes"); a default from the cores waits for a curve
+    # measured on a larger machine.
+    fuse_processes: int = option(
+        "--fuse-processes",
+        COUNT,
+        "1",
+        "processes serving the mount: the worker and N-1 serving processes, each reading the "
+        "same FUSE connection (a clone of its `/dev/fuse`) and answering READs of RAM-tier "
+        "blocks in C; what they cannot answer they hand to the worker (needs the patched "
+        "pyfuse3 and `--fuse-passthrough off`; 1 by default, see the README)",
+    )
     # FUSE's default (128 KiB) splits every file larger than that into several READ requests;
     # 1 MiB (the largest request libfuse negotiates) lets a typical training sample arrive in one.
     readahead: int = option(

@@ -52,6 +52,8 @@ class MountState(Protocol):
     mounted: bool
     no_open: bool
 
+    def serving_stats(self) -> dict[str, Any] | None: ...
+
 
 class WorkerStatus:
     def __init__(
@@ -109,6 +111,8 @@ class WorkerStatus:
             },
             # The native READ path's counters; None when every READ is served in Python.
             "fuse_fast_read": None if self._fs.native is None else self._fs.native.stats(),
+            # The serving processes of --fuse-processes (cachefs/fs/serving.py); None with one.
+            "fuse_processes": self._mount.serving_stats(),
             "tiers": [fields_of(usage) for usage in self._cache.usage()],
             "reads": {
                 "hits": m.served_hits(),

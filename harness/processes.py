@@ -74,6 +74,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (a worker's serving processes, its fetcher
+    processes), from /proc."""
+    children = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                parent = int(stat.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+        if parent == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def family_cpu_seconds(pid: int) -> float:
+    """CPU time ``pid`` and its live children have used so far (a worker and its serving
+    processes: the work of one mount, all processes summed)."""
+    total = cpu_seconds(pid)
+    for child in child_pids(pid):
+        try:
+            total += cpu_seconds(child)
+        except OSError:
+            pass  # exited meanwhile
+    return total
+
+
 def drop_page_cache() -> None:
     """Drop clean pages, dentries and inodes, so the next reads reach the filesystem (root)."""
     os.sync()

@@ -61,6 +61,7 @@ class ClusterWorker(WorkerProcess):
         ram_reserve: str = "0",
         peer_timeout: str = "1s",
         env: dict | None = None,
+        extra_args: tuple[str, ...] = (),
     ):
         self.node = node
         self.address = address
@@ -74,6 +75,7 @@ class ClusterWorker(WorkerProcess):
                 "--listen", address, "--heartbeat-interval", HEARTBEAT,
                 "--peer-timeout", peer_timeout, "--preload-processes", "1",
             ),
+            extra_args=extra_args,
         )  # fmt: skip
 
 
@@ -91,10 +93,12 @@ class Cluster:
         ram_reserve: str = "0",
         coordinator_args: tuple[str, ...] = (),
         peer_timeout: str = "1s",
+        worker_args: tuple[str, ...] = (),
     ):
         """``peer_timeout``: short by default, so that tests of dead peers are quick; a test
         that counts store GETs exactly passes a generous one (a peer answer slower than the
-        timeout on a loaded machine is read from the store again, as it should be)."""
+        timeout on a loaded machine is read from the store again, as it should be).
+        ``worker_args``: more `cachefs worker` options, for every worker."""
         self.base_dir = base_dir
         self.coordinator = CoordinatorProcess(
             base_dir, store=store, env=env, extra_args=coordinator_args
@@ -109,6 +113,7 @@ class Cluster:
                 ram=ram,
                 ram_reserve=ram_reserve,
                 peer_timeout=peer_timeout,
+                extra_args=worker_args,
             )
             for i in range(1, nodes + 1)
         ]

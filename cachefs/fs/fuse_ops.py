@@ -12,9 +12,11 @@ allocation beyond the reply.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import secrets
+import struct
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, NoReturn, Protocol, cast
@@ -47,6 +49,16 @@ FAST_READ_SUPPORTED = bool(getattr(pyfuse3, "FAST_READ", False))
 PEER_READS_SUPPORTED = FAST_READ_SUPPORTED and hasattr(pyfuse3, "fast_peer_open")
 #: Directories remembered as not listable natively (too large to pack), before forgetting all.
 UNLISTED_REMEMBERED = 4096
+#: True when it can also serve the mount from more processes (``pyfuse3.init_clone``).
+CLONES_SUPPORTED = FAST_READ_SUPPORTED and hasattr(pyfuse3, "init_clone")
+#: A READDIR a serving process forwards gets at most this many entries (its reply takes what
+#: fits; the kernel asks again from there).
+FORWARDED_READDIR_ENTRIES = 512
+#: What a forwarded request's handler gets for its request context (none is used).
+_NO_CONTEXT = cast(pyfuse3.RequestContext, None)
+#: FUSE_DEV_IOC_CLONE (linux/fuse.h: _IOR(229, 0, uint32_t)): a new /dev/fuse descriptor reads
+#: the connection of the descriptor named.
+FUSE_DEV_IOC_CLONE = 0x8004E500
 #: File handles are small counters; dataset inodes are >= 1 << SLOT_SHIFT. A read "handle" at or
 #: above this is an inode (no-open mode).
 INODE_FH_THRESHOLD = 1 << SLOT_SHIFT
@@ -233,6 +245,24 @@ class FuseOperations(pyfuse3.Operations):
         finally:
             self._readdir_latency.observe(time.perf_counter() - began)
 
+    def _readdir_page(
+        self, fh: int, start_id: int
+    ) -> list[tuple[bytes, pyfuse3.EntryAttributes, int]]:
+        """Up to FORWARDED_READDIR_ENTRIES entries from ``start_id``, for a serving process
+        (which replies with as many as its reply holds)."""
+        began = time.perf_counter()
+        try:
+            page = []
+            for name, attr, next_id in self.fs.readdir(fh, start_id):
+                page.append((name, self._entry(attr), next_id))
+                if len(page) >= FORWARDED_READDIR_ENTRIES:
+                    break
+            return page
+        except Exception as exc:
+            raise self._fail(exc, "readdir") from None
+        finally:
+            self._readdir_latency.observe(time.perf_counter() - began)
+
     async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
         return
 
@@ -331,6 +361,52 @@ class FuseOperations(pyfuse3.Operations):
     ) -> pyfuse3.FileNameT:
         raise self._fail(NotASymlink("the mount has no symbolic links"), "readlink")
 
+    # --- requests a serving process read (cachefs/fs/serving.py) -----------------------------
+
+    async def answer_forwarded(self, op: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
+        """Answer a request that a serving process read from the mount and could not answer in
+        C, with this adapter's own handler (the same metrics, table registrations and errors):
+        ``(True, reply)`` or ``(False, errno)``, pyfuse3's attribute objects as their
+        ``__getstate__()`` (the serving process rebuilds them). The serving process has no
+        request context to give (the mount checks permissions in the kernel:
+        default_permissions) and FuseOperations uses none."""
+        try:
+            if op == "lookup":
+                return True, (await self.lookup(*args)).__getstate__()
+            if op == "getattr":
+                return True, (await self.getattr(*args)).__getstate__()
+            if op == "read":
+                return True, await self.read(*args)
+            if op == "opendir":
+                # The listing into the table first, as the binding asks before an OPENDIR
+                # reaches Python here: the serving processes' tables get it too.
+                self.native_listing(args[0])
+                return True, await self.opendir(args[0], _NO_CONTEXT)
+            if op == "readdir":
+                page = self._readdir_page(*args)
+                return True, [(name, attr.__getstate__(), next_id) for name, attr, next_id in page]
+            if op == "statfs":
+                return True, (await self.statfs(_NO_CONTEXT)).__getstate__()
+            if op == "open":
+                info = await self.open(args[0], args[1], _NO_CONTEXT)
+                return True, (info.fh, info.keep_cache, info.direct_io)
+            if op == "release":
+                return True, await self.release(*args)
+            if op == "getxattr":
+                return True, await self.getxattr(args[0], args[1], _NO_CONTEXT)
+            if op == "listxattr":
+                return True, await self.listxattr(args[0], _NO_CONTEXT)
+            if op == "access":
+                return True, await self.access(args[0], args[1], _NO_CONTEXT)
+            if op == "readlink":
+                return True, await self.readlink(args[0], _NO_CONTEXT)
+            if op == "write":
+                return True, await self._read_only()
+            log.error("a serving process forwarded an unknown request %r", op)
+            return False, errno.ENOSYS
+        except pyfuse3.FUSEError as exc:
+            return False, exc.errno
+
 
 # default_permissions: the kernel checks every access against the owner and mode bits getattr
 # returns (cachefs.fs.core), so a file only root may read in a file:// source stays so.
@@ -395,6 +471,8 @@ class _CachefsPatch(Protocol):
     def cache_listings(self, on: bool) -> None: ...
     def fast_passthrough(self, on: bool) -> None: ...
     def fast_read_stats(self) -> dict[str, int]: ...
+    def init_request(self) -> bytes: ...
+    def session_descriptor(self) -> int: ...
 
 
 _patched = cast(_CachefsPatch, pyfuse3)
@@ -499,6 +577,19 @@ def check_passthrough_possible(fast_read: bool | None, no_open: bool | None) -> 
         )
 
 
+def check_clones_possible(passthrough: bool | None) -> None:
+    """ConfigError unless the mount can be served by more processes (--fuse-processes > 1):
+    the patched pyfuse3's clones, and no passthrough (the kernel's backing files are ids of
+    one /dev/fuse descriptor, which the OPENs other processes answer could not name)."""
+    if not CLONES_SUPPORTED:
+        raise ConfigError(
+            "--fuse-processes above 1 needs the patched pyfuse3 "
+            "(python third_party/pyfuse3/build.py)"
+        )
+    if passthrough:
+        raise ConfigError("--fuse-passthrough on needs --fuse-processes 1")
+
+
 def native_read_table(wanted: bool | None, no_open: bool) -> _PyfuseNativeReadTable | None:
     """The binding's fast-read table when READs of cached blocks are to be answered in C;
     None when they are not (``wanted`` False, or None and the binding or mode lacks it: said
@@ -545,6 +636,30 @@ def terminate() -> None:
 
 def unmount() -> None:
     pyfuse3.close(unmount=True)
+
+
+def clone_session() -> tuple[int, bytes]:
+    """A new /dev/fuse descriptor reading the mounted connection (FUSE_DEV_IOC_CLONE; the
+    caller's to close) and the FUSE_INIT request that connection began with, for a serving
+    process (``pyfuse3.init_clone``). Call once INIT is answered (OSError before, or without
+    the patched pyfuse3's clones: CLONES_SUPPORTED)."""
+    request: bytes = _patched.init_request()
+    session = _patched.session_descriptor()
+    if not request or session < 0:
+        raise OSError(errno.EAGAIN, "the mount has not answered FUSE_INIT yet")
+    # Non-blocking, this descriptor and the clone: every process waits for the connection to
+    # be readable and then reads, and another may have taken the request it was woken for. A
+    # blocking read would then stop that process's loop until the next request, with the
+    # requests it forwarded to the worker waiting on it (the patched loop waits again on
+    # EAGAIN: third_party/pyfuse3/build.py).
+    os.set_blocking(session, False)
+    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        fcntl.ioctl(fd, FUSE_DEV_IOC_CLONE, struct.pack("I", session))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, request
 
 
 def invalidate_inode(ino: int) -> None:

@@ -10,6 +10,7 @@ import logging
 import os
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import trio
 
@@ -19,9 +20,13 @@ from cachefs.fs import fuse_ops
 from cachefs.fs.core import FileSystem
 from cachefs.fs.native_peer_reads import NativePeerReads
 from cachefs.fs.native_reads import NativeReads
+from cachefs.fs.serving import ReplicatedTable, ServingProcesses
 from cachefs.metrics import WorkerMetrics
 
 log = logging.getLogger("cachefs.worker")
+
+#: The most processes one mount is served by (--fuse-processes).
+MAX_FUSE_PROCESSES = 64
 
 
 class FuseMount:
@@ -43,6 +48,7 @@ class FuseMount:
         fast_read: bool | None,
         passthrough: bool | None,
         max_tasks: int,
+        fuse_processes: int = 1,
     ) -> None:
         self._fs = fs
         self._cache = cache
@@ -55,6 +61,9 @@ class FuseMount:
         self._want_fast_read = fast_read
         self._want_passthrough = passthrough
         self._max_tasks = max_tasks
+        self._fuse_processes = fuse_processes
+        self.serving: ServingProcesses | None = None  # further processes (fs/serving.py)
+        self._initialised = trio.Event()  # INIT answered: serving processes may clone
         self.mounted = False
         self.no_open = False  # as decided when mounted
 
@@ -69,7 +78,19 @@ class FuseMount:
             no_open=self._want_no_open,
         )
         self.no_open = ops.no_open
-        table = fuse_ops.native_read_table(self._want_fast_read, ops.no_open)
+        table: Any = fuse_ops.native_read_table(self._want_fast_read, ops.no_open)
+        if not 1 <= self._fuse_processes <= MAX_FUSE_PROCESSES:
+            raise ConfigError(
+                f"--fuse-processes: from 1 to {MAX_FUSE_PROCESSES} (got {self._fuse_processes})"
+            )
+        if self._fuse_processes > 1:
+            fuse_ops.check_clones_possible(self._want_passthrough)
+            self._want_passthrough = False  # "auto": the serving processes cannot hand out files
+            if table is not None:
+                table = ReplicatedTable(table)
+            self.serving = ServingProcesses(
+                self._fuse_processes, ops, table, max_tasks=self._max_tasks
+            )
         if table is not None:
             self._fs.native = NativeReads(table, self._cache, self._fs.reader)
             ops.use_native_table(table)
@@ -83,6 +104,16 @@ class FuseMount:
                     timeout_s=reader.peers.timeout_s,
                     largest_read=fuse_ops.largest_read,
                 )
+                if self.serving is not None:
+                    # Measured (docs/architecture.md): 0.4x the all-files rate of a 3-node
+                    # cluster with 2 processes on 2 cores.
+                    log.warning(
+                        "--fuse-processes %d: READs of other workers' blocks that a serving "
+                        "process reads are forwarded to this process and fetched in Python "
+                        "(only the worker holds peer connections); --fuse-processes 1 keeps "
+                        "them all in C",
+                        self._fuse_processes,
+                    )
         try:
             fuse_ops.mount(
                 ops,
@@ -95,15 +126,28 @@ class FuseMount:
         self.mounted = True
 
     async def serve(self) -> None:
-        """Answer the kernel's requests until :meth:`terminate` (or an unmount from outside)."""
+        """Answer the kernel's requests until :meth:`terminate` (or an unmount from outside),
+        with the serving processes once INIT is answered; they are stopped before this
+        returns."""
         native_peers = self._fs.native_peers
-        if native_peers is None:
+        if native_peers is None and self.serving is None:
             await fuse_ops.serve(self._max_tasks)
             return
-        async with trio.open_nursery() as nursery:  # its READs are answered on this session
-            await nursery.start(native_peers.run)
+        async with trio.open_nursery() as nursery:
+            if native_peers is not None:  # its READs are answered on this session
+                await nursery.start(native_peers.run)
+            if self.serving is not None:
+                nursery.start_soon(self._run_serving, self.serving)
             await fuse_ops.serve(self._max_tasks)
             nursery.cancel_scope.cancel()
+
+    async def _run_serving(self, serving: ServingProcesses) -> None:
+        await self._initialised.wait()
+        await serving.run(cache_listings=self._fs.native is not None)
+
+    def serving_stats(self) -> dict[str, Any] | None:
+        """The serving processes' figures (ServingProcesses.stats); None with one process."""
+        return None if self.serving is None else self.serving.stats()
 
     def terminate(self) -> None:
         fuse_ops.terminate()
@@ -125,6 +169,7 @@ class FuseMount:
         served by the loop proves it. ``mount_path``: the mountpoint, resolved before it became
         a FUSE mount."""
         await trio.to_thread.run_sync(os.stat, mount_path)
+        self._initialised.set()
 
     def set_readahead(self, mount_path: str, kib: int) -> None:
         """The mount's kernel readahead; call after :meth:`wait_for_init` (the kernel applies

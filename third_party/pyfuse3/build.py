@@ -234,6 +234,14 @@ PATCHES = [
         "    link_args.append('-lxxhash')  # cachefs: xxh3 with run-time AVX2 dispatch\n",
     ),
     (
+        "src/pyfuse3/internal.pxi",
+        "        if res == -errno.EINTR:\n            continue\n",
+        "        # cachefs: with more processes serving one connection (cachefs/fs/serving.py)\n"
+        "        # /dev/fuse is non-blocking, and another process may have read the request\n"
+        "        # this one was woken for: wait again.\n"
+        "        if res == -errno.EINTR or res == -errno.EAGAIN:\n            continue\n",
+    ),
+    (
         "src/pyfuse3/handlers.pxi",
         "    conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS_AUTO)\n",
         "    conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS_AUTO)\n"

@@ -151,6 +151,7 @@ static size_t out_cap, scratch_cap;
 static cfr_block *oldest_open, *newest_open;
 static uint64_t open_fds, max_open_fds;
 static int splice_granted; /* libfuse splices replies on this connection (reply_spliced()) */
+static int connection_initialised; /* cfr_init_connection() ran ("clones") */
 static uint64_t largest_spliced_read(void);
 static int passthrough_wanted; /* cfr_want_passthrough(); also splice off tmpfs (rule 2) */
 
@@ -864,6 +865,7 @@ void cfr_init_connection(struct fuse_conn_info *conn) {
     uint64_t fit = largest_spliced_read();
     if (fit > 0 && fit < conn->max_write) conn->max_write = (unsigned)fit;
     stats.max_read = conn->max_write;
+    connection_initialised = 1;
     pthread_mutex_unlock(&lock);
 }
 
@@ -1624,17 +1626,69 @@ static void init_with_passthrough(struct fuse_session *se, const struct fuse_buf
     }
 }
 
+/* ---- clones: more serving processes on one connection ----------------------------------
+ *
+ * cachefs's serving processes (cachefs/fs/serving.py) each read a clone of the mount's
+ * /dev/fuse descriptor (FUSE_DEV_IOC_CLONE): the kernel hands every request to whichever
+ * descriptor of the connection reads it first, and takes its reply only on that descriptor.
+ * libfuse answers nothing but FUSE_INIT until it has processed one, and the kernel sends INIT
+ * once, to the first descriptor. So the mount's session keeps the INIT request it processed
+ * (keep_init_request()), and a clone's session processes a copy of it before it reads
+ * anything (cfr_replay_init()): libfuse and this file then hold the state the mount's INIT
+ * gave (the same flags and limits: the request is the same and so is the code answering it).
+ * The reply goes to the clone, where the kernel finds no request of that id and refuses it
+ * with ENOENT, which libfuse ignores ("interrupted"); the kernel's state is the mount's. */
+
+static unsigned char init_request[CFR_INIT_REQUEST_MAX];
+static size_t init_request_len;
+
+static void keep_init_request(const unsigned char *mem, size_t len) {
+    if (len > sizeof init_request) len = 0; /* a kernel with a longer INIT: clones refused */
+    pthread_mutex_lock(&lock);
+    memcpy(init_request, mem, len);
+    init_request_len = len;
+    pthread_mutex_unlock(&lock);
+}
+
+size_t cfr_init_request(unsigned char *out, size_t cap) {
+    pthread_mutex_lock(&lock);
+    size_t len = init_request_len <= cap ? init_request_len : 0;
+    memcpy(out, init_request, len);
+    pthread_mutex_unlock(&lock);
+    return len;
+}
+
+int cfr_replay_init(struct fuse_session *se, const unsigned char *request, size_t len) {
+    struct cfr_in_header in;
+    unsigned char copy[CFR_INIT_REQUEST_MAX];
+    if (len < sizeof in + sizeof(struct cfr_init_in) || len > sizeof copy) return -1;
+    memcpy(&in, request, sizeof in);
+    if (in.opcode != CFR_OP_INIT || in.len != len) return -1;
+    memcpy(copy, request, len); /* libfuse reads the request in place */
+    struct fuse_buf buf;
+    memset(&buf, 0, sizeof buf);
+    buf.mem = copy;
+    buf.size = len;
+    buf.fd = -1;
+    fuse_session_process_buf(se, &buf);
+    return connection_initialised ? 0 : -1;
+}
+
 void cfr_process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd) {
     const unsigned char *mem = buf->mem;
     struct cfr_in_header in;
     struct cfr_init_in init;
-    if (!passthrough_wanted || (buf->flags & FUSE_BUF_IS_FD) ||
-        buf->size < sizeof in + sizeof init) {
+    if ((buf->flags & FUSE_BUF_IS_FD) || buf->size < sizeof in + sizeof init) {
         fuse_session_process_buf(se, buf);
         return;
     }
     memcpy(&in, mem, sizeof in);
     memcpy(&init, mem + sizeof in, sizeof init);
+    if (in.opcode == CFR_OP_INIT) keep_init_request(mem, buf->size);
+    if (!passthrough_wanted) {
+        fuse_session_process_buf(se, buf);
+        return;
+    }
     if (in.opcode == CFR_OP_INIT) {
         pthread_mutex_lock(&lock);
         forget_connection();

@@ -194,6 +194,14 @@ void cfr_init_connection(struct fuse_conn_info *conn);
  * user space); any other file is opened for READ requests, served as without passthrough. */
 void cfr_want_passthrough(int on);
 void cfr_process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd);
+
+/* Clones (see "clones" in the .c file): the FUSE_INIT request this session processed (its
+ * length; 0 before INIT, or where `cap` is too small) and, in a session reading a clone of that
+ * connection's /dev/fuse, the same request processed again so that libfuse serves it (0, or -1
+ * when the request is not an INIT or libfuse did not initialise). */
+#define CFR_INIT_REQUEST_MAX 512
+size_t cfr_init_request(unsigned char *out, size_t cap);
+int cfr_replay_init(struct fuse_session *se, const unsigned char *request, size_t len);
 int cfr_try_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 int cfr_try_release(fuse_req_t req, fuse_ino_t ino);
 

@@ -95,6 +95,9 @@ cdef extern from "cachefs_fast_read.h":
     void cfr_process_buf(fuse_session *se, const fuse_buf *buf, int fd)
     int cfr_try_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi)
     int cfr_try_release(fuse_req_t req, fuse_ino_t ino)
+    size_t cfr_init_request(unsigned char *out, size_t cap)
+    int cfr_replay_init(fuse_session *se, const unsigned char *request, size_t len)
+    enum: CFR_INIT_REQUEST_MAX
 
 #: True: this pyfuse3 answers READs of registered blocks in C.
 FAST_READ = True
@@ -260,3 +263,31 @@ def fast_peer_answer(int sock_fd, frames, size_t max_answers):
             os.close(r.partial_fd)
         raise OSError(r.error, os.strerror(r.error))
     return r.consumed, r.answered, [inos[i] for i in range(r.plain)], partial
+
+
+# --- clones: further serving processes on the mounted connection ("clones" in
+# cachefs_fast_read.c; cachefs/fs/serving.py runs them) ---------------------------------------
+
+def session_descriptor():
+    '''This process's /dev/fuse descriptor of its session (-1 before init()); cachefs clones it
+    (FUSE_DEV_IOC_CLONE) for its serving processes.'''
+    return session_fd if session != NULL else -1
+
+
+def init_request():
+    '''The FUSE_INIT request the kernel sent this session, as it came (b'' before it came).'''
+    cdef unsigned char buf[CFR_INIT_REQUEST_MAX]
+    cdef size_t n = cfr_init_request(buf, CFR_INIT_REQUEST_MAX)
+    return (<char *> buf)[:n]
+
+
+def init_clone(ops, int fd, bytes request, options):
+    '''Serve another process's mounted connection through ``fd``, a clone of its /dev/fuse
+    descriptor: a session as init() makes, with no mount of its own ("/dev/fd/N"), brought into
+    the state that mount's FUSE_INIT gave it by processing ``request`` (that mount's
+    init_request()). Then main() serves it; close(unmount=False) ends it. RuntimeError when
+    libfuse did not take the request.'''
+    init(ops, '/dev/fd/%d' % fd, options)
+    if cfr_replay_init(session, <const unsigned char *> (<const char *> request),
+                       len(request)) != 0:
+        raise RuntimeError('the FUSE_INIT request did not initialise the clone\'s session')

@@ -5,6 +5,8 @@ each, on 127.0.0.2-4), driven with the `cachefs` CLI a user runs, over a real S3
 read is compared byte for byte with what was uploaded.
 
 What these guard:
+- a hand-off's trims reach the tables of every process serving a mount (``--fuse-processes``)
+  before the space is released: readers through both mounts see no error, no wrong byte;
 - fill ids are numbered per dataset ("A-1" for the first scale of every dataset): a node that
   ran one dataset's "A-1" must still run the next dataset's, and the old owner must not drop
   what the new owner never copied;
@@ -17,9 +19,11 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import threading
 
 import pytest
 
+from cachefs.fs.fuse_ops import CLONES_SUPPORTED
 from tests.cluster_process import Cluster, read_all, total_bytes, wait_for
 from tests.waiting import WAIT_S
 from tests.worker_process import GENEROUS_STORE_BUDGET, drop_page_cache
@@ -234,3 +238,56 @@ def test_preload_right_after_dataset_add_completes_on_three_workers(cluster, buc
         drop_page_cache()
         assert read_all(worker.mount, files, "b") == []
     assert fault_proxy.count("GET") == 0
+
+
+@pytest.mark.skipif(not CLONES_SUPPORTED, reason="needs the patched pyfuse3 (--fuse-processes)")
+def test_a_hand_off_while_serving_processes_read_loses_no_byte(tmp_path, bucket, fault_proxy):
+    """Two workers each serving its mount with two processes (``--fuse-processes 2``,
+    cachefs/fs/serving.py): a copy on n1 is scaled out to n2 and back while 8 readers read
+    through both mounts. The trims of every hand-off reach each serving process's table before
+    the blocks' space is released, so no reader gets an error or a wrong byte, and afterwards
+    both mounts serve every byte again."""
+    bucket_name, datasets = bucket
+    files = datasets["a"]
+    cluster = Cluster(str(tmp_path / "cluster"), 2, worker_args=("--fuse-processes", "2"))
+    try:
+        cluster.start()
+        add_dataset(cluster, bucket_name, fault_proxy, "a", "--nodes", "n1")
+        cachefs(cluster, "preload", "a", "--wait")
+        wait_held(cluster, "a", {"n1": total_bytes(files), "n2": 0})
+        problems: list[str] = []
+        stop = threading.Event()
+        rounds = [0]
+
+        def reader(mount: str) -> None:
+            while not stop.is_set():
+                drop_page_cache()
+                problems.extend(read_all(mount, files, "a"))
+                rounds[0] += 1
+
+        readers = [
+            threading.Thread(target=reader, args=(worker.mount,))
+            for worker in cluster.workers
+            for _ in range(4)
+        ]
+        for thread in readers:
+            thread.start()
+        try:
+            for change in ("--add", "--remove"):
+                cachefs(cluster, "scale", "a", "--copy", "A", change, "n2")
+                wait_fill_done(cluster, "a", "A")
+                target = rounds[0] + len(readers)
+                wait_for(lambda t=target: rounds[0] >= t, "every reader through the files again")
+        finally:
+            stop.set()
+            for thread in readers:
+                thread.join(WAIT_S)
+        assert problems == []
+        wait_held(cluster, "a", {"n1": total_bytes(files), "n2": 0})
+        for worker in cluster.workers:
+            figures = worker.status()["fuse_processes"]
+            assert len(figures["pids"]) == 1 and figures["deaths"] == 0
+            drop_page_cache()
+            assert read_all(worker.mount, files, "a") == []
+    finally:
+        cluster.cleanup()

@@ -1,0 +1,194 @@
+"""ReplicatedTable (cachefs/fs/serving.py): every change made to the worker's native table also
+reaches each serving process, in order; forgets return only once applied everywhere; a replica
+that does not answer is killed. The local table is a recording fake and each replica a thread on
+a real socketpair speaking the real frames; the real serving process (its table applied by
+pyfuse3 in C) is tested with real mounts in tests/e2e/fs/test_serving_processes.py."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+from typing import Any
+
+import pytest
+
+from cachefs.fs import serving
+from cachefs.fs.serving import ReplicatedTable
+from cachefs.fs.serving_wire import frame, receive_frame
+from tests.waiting import WAIT_S
+
+
+class RecordingTable:
+    """The worker's own table, as calls."""
+
+    def __init__(self, stats: dict[str, int]) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self._stats = stats
+        self.refuse = False
+
+    def _record(self, name: str, *args: Any) -> bool:
+        self.calls.append((name, args))
+        return not self.refuse
+
+    def configure(self, *args: Any) -> None:
+        self._record("configure", *args)
+
+    def configure_listings(self, *args: Any) -> None:
+        self._record("configure_listings", *args)
+
+    def register(self, *args: Any) -> bool:
+        return self._record("register", *args)
+
+    def register_dentry(self, parent: int, name: bytes, entry: Any) -> bool:
+        return self._record("register_dentry", parent, name, entry)
+
+    def register_listing(self, *args: Any) -> bool:
+        return self._record("register_listing", *args)
+
+    def forget_file(self, *args: Any) -> None:
+        self._record("forget_file", *args)
+
+    def forget_inodes(self, *args: Any) -> None:
+        self._record("forget_inodes", *args)
+
+    def clear(self) -> None:
+        self._record("clear")
+
+    def register_peer_name(self, ino: int, identity: bytes) -> bool:
+        return self._record("register_peer_name", ino, identity)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
+
+
+class Entry:
+    """Stands for pyfuse3.EntryAttributes: only its state crosses to a replica."""
+
+    def __getstate__(self) -> dict[str, int]:
+        return {"st_ino": 42, "st_size": 7}
+
+
+class Replica:
+    """A serving process's table thread: applies (records) each change, answers those that
+    want it; its stats are ``stats``."""
+
+    def __init__(self, stats: dict[str, int]) -> None:
+        self.worker_end, self._end = socket.socketpair()
+        self.applied: list[tuple[str, tuple[Any, ...]]] = []
+        self._stats = stats
+        self._thread = threading.Thread(target=self._apply, daemon=True)
+        self._thread.start()
+        # A real process for the pid (what a killed replica's kill reaches).
+        self.process = subprocess.Popen(["sleep", "600"])
+
+    def _apply(self) -> None:
+        try:
+            while True:
+                function, args, wants_answer = receive_frame(self._end)
+                self.applied.append((function, args))
+                if wants_answer:
+                    value = self._stats if function == "fast_read_stats" else None
+                    self._end.sendall(frame((True, value)))
+        except (EOFError, OSError):
+            pass
+
+    def close(self) -> None:
+        self.worker_end.close()
+        self._end.close()
+        self._thread.join(WAIT_S)
+        self.process.kill()
+        self.process.wait(WAIT_S)
+
+
+@pytest.fixture
+def replicas():
+    made: list[Replica] = []
+
+    def make(stats: dict[str, int] | None = None) -> Replica:
+        made.append(Replica(stats or {}))
+        return made[-1]
+
+    yield make
+    for replica in made:
+        replica.close()
+
+
+def test_changes_reach_every_replica_in_the_worker_order_and_forgets_are_applied_first(replicas):
+    local = RecordingTable({})
+    table = ReplicatedTable(local)
+    table.configure(1 << 16, 1000, 1000)
+    first, second = replicas(), replicas()
+    table.attach(first.worker_end, first.process.pid)
+    table.attach(second.worker_end, second.process.pid)
+    assert table.register(5, 0, 1 << 20, 10, 9, b"/ram/b", 10, b"c" * 8) is True
+    assert table.register_dentry(3, b"name \xff", Entry()) is True
+    assert table.register_listing(3, b"packed", 1) is True
+    table.forget_file(9)  # answered: applied everywhere when it returns
+    expected = [
+        ("fast_read_configure", (1 << 16, 1000, 1000)),  # replayed on attach
+        ("fast_read_register", (5, 0, 1 << 20, 10, 9, b"/ram/b", 10, b"c" * 8)),
+        ("fast_lookup_register", (3, b"name \xff", {"st_ino": 42, "st_size": 7})),
+        ("fast_listing_register", (3, b"packed", 1)),
+        ("fast_read_forget_file", (9,)),
+    ]
+    assert first.applied == expected
+    assert second.applied == expected
+    table.forget_inodes(1 << 40, 2 << 40)
+    table.clear()
+    assert first.applied[-2:] == [("fast_read_forget_inodes", (1 << 40, 2 << 40)),
+                                  ("fast_read_clear", ())]  # fmt: skip
+    assert [name for name, _ in local.calls] == [
+        "configure", "register", "register_dentry", "register_listing", "forget_file",
+        "forget_inodes", "clear",
+    ]  # fmt: skip
+
+
+def test_what_the_worker_table_refuses_is_not_sent_and_peer_paths_stay_local(replicas):
+    local = RecordingTable({})
+    table = ReplicatedTable(local)
+    replica = replicas()
+    table.attach(replica.worker_end, replica.process.pid)
+    local.refuse = True
+    assert table.register(5, 0, 1, 1, 1, b"/x", 1, b"") is False
+    assert table.register_dentry(3, b"n", Entry()) is False
+    assert table.register_peer_name(5, b"id") is False  # the worker's alone
+    table.forget_file(1)
+    assert replica.applied == [("fast_read_forget_file", (1,))]
+
+
+def test_stats_sum_the_work_of_every_process_and_keep_the_worker_sizes(replicas):
+    table = ReplicatedTable(RecordingTable({"reads": 10, "blocks": 100, "max_read": 1 << 20}))
+    replica = replicas({"reads": 5, "blocks": 90, "max_read": 1 << 20, "open_files": 3})
+    table.attach(replica.worker_end, replica.process.pid)
+    stats = table.stats()
+    assert stats == {
+        "reads": 15,
+        "blocks": 100,  # a copy of the worker's table, not more blocks
+        "max_read": 1 << 20,
+        "open_files": 3,
+        "serving_processes": 2,
+        "serving_reads": 5,
+    }
+
+
+def test_a_replica_that_does_not_answer_a_forget_is_killed_and_the_forget_returns(
+    replicas, monkeypatch
+):
+    monkeypatch.setattr(serving, "TABLE_ANSWER_TIMEOUT_S", 0.5)
+    table = ReplicatedTable(RecordingTable({"reads": 1}))
+    answering = replicas()
+    table.attach(answering.worker_end, answering.process.pid)
+    silent_end, _never_read = socket.socketpair()  # nobody applies or answers
+    silent = subprocess.Popen(["sleep", "600"])
+    try:
+        table.attach(silent_end, silent.pid)
+        table.forget_file(4)
+        assert silent.wait(WAIT_S) == -9  # killed: its table can no longer serve
+        assert ("fast_read_forget_file", (4,)) in answering.applied
+        assert table.stats()["serving_processes"] == 2  # the worker and the one that answers
+    finally:
+        silent.kill()
+        silent.wait(WAIT_S)
+        silent_end.close()
+        _never_read.close()
