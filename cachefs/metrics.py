@@ -108,6 +108,9 @@ class WorkerMetrics:
         # The native READ path's counters (cachefs_fast_read.h: reads, first_reads, bytes,
         # fallbacks, vanished, corrupt, blocks, ...); the worker points this at its table.
         self.native_reads: Callable[[], dict[str, int]] = dict
+        # The serving processes of --fuse-processes (cachefs/fs/serving.py, stats()); the mount
+        # points this at them when there are any.
+        self.serving: Callable[[], dict[str, Any]] = dict
 
     def store_request(self, op: str, outcome: str, seconds: float) -> None:
         key = (op, outcome)
@@ -337,6 +340,32 @@ class _WorkerCollector(Collector):
             "Block files the native READ path holds open now (bounded; closed before removal)",
             value=native.get("open_files", 0),
         )
+        serving = m.serving()
+        yield GaugeMetricFamily(
+            "cachefs_fuse_processes",
+            "Processes reading the mount's FUSE connection now: the worker and its serving "
+            "processes (--fuse-processes)",
+            value=1 + len(serving.get("pids", ())),
+        )
+        yield CounterMetricFamily(
+            "cachefs_fuse_serving_process_deaths",
+            "Serving processes that ended while the mount was served (each replaced)",
+            value=serving.get("deaths", 0),
+        )
+        yield CounterMetricFamily(
+            "cachefs_fuse_fast_reads_by_serving_processes",
+            "FUSE READs the serving processes answered natively; also counted in "
+            "cachefs_fuse_fast_reads",
+            value=native.get("serving_reads", 0),
+        )
+        forwarded = CounterMetricFamily(
+            "cachefs_fuse_forwarded_requests",
+            "FUSE requests a serving process read and handed to the worker, by operation",
+            labels=["op"],
+        )
+        for op, count in sorted(serving.get("forwarded", {}).items()):
+            forwarded.add_metric([op], count)
+        yield forwarded
         yield CounterMetricFamily(
             "cachefs_peer_fast_answers",
             "Peer block requests answered natively (in C, from the native READ table) "

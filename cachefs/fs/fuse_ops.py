@@ -391,7 +391,8 @@ class FuseOperations(pyfuse3.Operations):
                 info = await self.open(args[0], args[1], _NO_CONTEXT)
                 return True, (info.fh, info.keep_cache, info.direct_io)
             if op == "release":
-                return True, await self.release(*args)
+                await self.release(*args)
+                return True, None
             if op == "getxattr":
                 return True, await self.getxattr(args[0], args[1], _NO_CONTEXT)
             if op == "listxattr":
@@ -401,7 +402,7 @@ class FuseOperations(pyfuse3.Operations):
             if op == "readlink":
                 return True, await self.readlink(args[0], _NO_CONTEXT)
             if op == "write":
-                return True, await self._read_only()
+                await self._read_only()  # raises: EROFS
             log.error("a serving process forwarded an unknown request %r", op)
             return False, errno.ENOSYS
         except pyfuse3.FUSEError as exc:

@@ -91,6 +91,7 @@ class FuseMount:
             self.serving = ServingProcesses(
                 self._fuse_processes, ops, table, max_tasks=self._max_tasks
             )
+            self._metrics.serving = self.serving.stats
         if table is not None:
             self._fs.native = NativeReads(table, self._cache, self._fs.reader)
             ops.use_native_table(table)

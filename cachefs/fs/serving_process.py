@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import pyfuse3
 import trio
@@ -41,6 +41,22 @@ import trio
 from cachefs.fs.serving_wire import FrameReader, frame, receive_frame
 
 log = logging.getLogger("cachefs.serving")
+
+
+class _CachefsPatch(Protocol):
+    """The patched pyfuse3's functions used here (third_party/pyfuse3; the stock one has none
+    of them, and a serving process is only started with the patched one)."""
+
+    def fast_lookup_register(
+        self, parent: int, name: bytes, entry: pyfuse3.EntryAttributes
+    ) -> bool: ...
+    def init_clone(
+        self, ops: pyfuse3.Operations, fd: int, request: bytes, options: set[str]
+    ) -> None: ...
+    def cache_listings(self, on: bool) -> None: ...
+
+
+_patched = cast(_CachefsPatch, pyfuse3)
 
 _PR_SET_PDEATHSIG = 1
 #: The bytes one receive on the calls channel takes.
@@ -175,7 +191,7 @@ def _entry(state: dict[str, Any]) -> pyfuse3.EntryAttributes:
 
 
 def _register_dentry(parent: int, name: bytes, state: dict[str, Any]) -> bool:
-    return pyfuse3.fast_lookup_register(parent, name, _entry(state))
+    return _patched.fast_lookup_register(parent, name, _entry(state))
 
 
 #: Table changes that need their arguments rebuilt; the others are pyfuse3 functions by name.
@@ -224,11 +240,11 @@ def main(argv: Sequence[str]) -> int:
     worker = WorkerCalls(socket.socket(fileno=calls_fd))
     ops = ForwardingOperations(worker)
     try:
-        pyfuse3.init_clone(ops, fuse_fd, init_request, set())
+        _patched.init_clone(ops, fuse_fd, init_request, set())
     except RuntimeError as exc:
         log.error("cannot serve the mount: %s", exc)
         return 1
-    pyfuse3.cache_listings(cache_listings)
+    _patched.cache_listings(cache_listings)
     table.sendall(frame((True, os.getpid())))  # ready: the worker may send table changes
     threading.Thread(target=apply_table_changes, args=(table,), daemon=True).start()
 

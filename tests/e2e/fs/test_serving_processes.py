@@ -169,6 +169,13 @@ def test_sixteen_readers_through_eviction_refresh_and_removal_get_only_right_byt
         if processes > 1:
             assert stats["serving_processes"] == processes
             assert stats["serving_reads"] > 0  # the clones answered READs themselves, in C
+            # The readers have stopped: the figures hold still between status and metrics.
+            metrics, figures = worker.client.metrics(), serving(worker)
+            assert "cachefs_fuse_fast_reads_by_serving_processes_total" in metrics
+            assert f"cachefs_fuse_processes {float(processes)}" in metrics
+            for op, count in figures["forwarded"].items():
+                line = f'cachefs_fuse_forwarded_requests_total{{op="{op}"}} {float(count)}'
+                assert line in metrics
             assert serving(worker)["deaths"] == 0
         assert worker.status()["cache"]["evicted"] > 0
     finally:
@@ -239,6 +246,9 @@ def test_a_killed_serving_process_is_replaced_and_only_its_requests_fail(tmp_pat
         assert os.path.ismount(worker.mount)
         figures = serving(worker)
         assert figures["deaths"] == kills and figures["started"] == 2 + kills
+        metrics = worker.client.metrics()
+        assert "cachefs_fuse_processes 3.0" in metrics
+        assert f"cachefs_fuse_serving_process_deaths_total {float(kills)}" in metrics
         for name in names:  # and afterwards every file, whole
             assert read_whole(worker.path("ds", name)) == files[name]
     finally:
