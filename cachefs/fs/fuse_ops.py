@@ -407,6 +407,9 @@ class FuseOperations(pyfuse3.Operations):
             return False, errno.ENOSYS
         except pyfuse3.FUSEError as exc:
             return False, exc.errno
+        except Exception:  # a request this code does not expect (a bug): that request fails
+            log.exception("a forwarded %s failed", op)
+            return False, errno.EIO
 
 
 # default_permissions: the kernel checks every access against the owner and mode bits getattr
@@ -637,6 +640,12 @@ def terminate() -> None:
 
 def unmount() -> None:
     pyfuse3.close(unmount=True)
+
+
+def clones_ready() -> bool:
+    """True once the mount's FUSE_INIT is kept for serving processes (the patched binding keeps
+    one of at most CFR_INIT_REQUEST_MAX bytes)."""
+    return CLONES_SUPPORTED and bool(_patched.init_request())
 
 
 def clone_session() -> tuple[int, bytes]:

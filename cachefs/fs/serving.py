@@ -36,15 +36,16 @@ read() fails with that error, or EIO for a readahead). Serving processes die wit
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from typing import Any, Protocol
 
 import trio
@@ -84,11 +85,14 @@ class LocalTable(Protocol):
 
 
 class _Replica:
-    """One serving process's table channel (blocking, owned by :class:`ReplicatedTable`)."""
+    """One serving process's table channel (blocking, owned by :class:`ReplicatedTable`).
+    ``pidfd``: the process's (its owner's to close, after :meth:`ReplicatedTable.detach`): a
+    pid can be reused once the process is reaped, a pidfd names that one process."""
 
-    def __init__(self, sock: socket.socket, pid: int) -> None:
+    def __init__(self, sock: socket.socket, pid: int, pidfd: int) -> None:
         self.sock = sock
         self.pid = pid
+        self.pidfd = pidfd
         self.dead = False
 
     def send(self, message: tuple[str, tuple[Any, ...], bool]) -> None:
@@ -102,24 +106,18 @@ class _Replica:
         return value
 
     def kill(self) -> None:
-        """SIGKILL, and wait until the process no longer holds its descriptors (a zombie
-        holds none)."""
+        """SIGKILL, and return once the whole process has exited (its pidfd is readable only
+        then: every thread gone, every descriptor closed). RuntimeError if it has not within
+        STOP_TIMEOUT_S: the caller must not release what it might still read."""
         self.dead = True
         try:
-            os.kill(self.pid, signal.SIGKILL)
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         except ProcessLookupError:
-            return
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while time.monotonic() < deadline and _holds_descriptors(self.pid):
-            time.sleep(0.001)
-
-
-def _holds_descriptors(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
+            pass  # exited already (perhaps not yet reaped): the poll below says when it is gone
+        waiting = select.poll()
+        waiting.register(self.pidfd, select.POLLIN)
+        if not waiting.poll(STOP_TIMEOUT_S * 1000):
+            raise RuntimeError(f"serving process {self.pid} did not exit after SIGKILL")
 
 
 class ReplicatedTable:
@@ -135,10 +133,10 @@ class ReplicatedTable:
 
     # --- replicas ----------------------------------------------------------------------------
 
-    def attach(self, sock: socket.socket, pid: int) -> _Replica:
+    def attach(self, sock: socket.socket, pid: int, pidfd: int) -> _Replica:
         """A started serving process's table channel: configured as the worker's table was,
         then sent every later change."""
-        replica = _Replica(sock, pid)
+        replica = _Replica(sock, pid, pidfd)
         sock.settimeout(TABLE_ANSWER_TIMEOUT_S)
         with self._lock:
             for function, args in self._configured:
@@ -162,12 +160,23 @@ class ReplicatedTable:
             log.exception("table change %s could not be sent", function)
             self._lose(replica, f"{function} not sent")
 
+    def _ask(self, replica: _Replica, function: str, args: tuple[Any, ...]) -> Any:
+        """Its answer, or None once it is lost (killed: it did not answer, or not as it must;
+        a bad frame leaves the stream out of step)."""
+        try:
+            return replica.ask(function, args)
+        except Exception as exc:
+            self._lose(replica, f"{function}: {exc!r}")
+            return None
+
     def _lose(self, replica: _Replica, why: str) -> None:
+        if replica in self._replicas:
+            self._replicas.remove(replica)
+        if replica.dead:  # detached: its owner stopped it
+            return
         log.error("serving process %d did not take a table change (%s): killing it",
                   replica.pid, why)  # fmt: skip
         replica.kill()
-        if replica in self._replicas:
-            self._replicas.remove(replica)
 
     def _everywhere(self, function: str, args: tuple[Any, ...]) -> None:
         for replica in list(self._replicas):
@@ -176,10 +185,7 @@ class ReplicatedTable:
     def _applied_everywhere(self, function: str, args: tuple[Any, ...]) -> None:
         """Send and wait for each to have applied it (or to be dead)."""
         for replica in list(self._replicas):
-            try:
-                replica.ask(function, args)
-            except (OSError, EOFError, RuntimeError) as exc:
-                self._lose(replica, f"{function}: {exc}")
+            self._ask(replica, function, args)
 
     # --- the table ---------------------------------------------------------------------------
 
@@ -242,10 +248,8 @@ class ReplicatedTable:
             counted = 1
             serving_reads = 0
             for replica in list(self._replicas):
-                try:
-                    theirs = replica.ask("fast_read_stats", ())
-                except (OSError, EOFError, RuntimeError) as exc:
-                    self._lose(replica, f"stats: {exc}")
+                theirs = self._ask(replica, "fast_read_stats", ())
+                if not isinstance(theirs, dict):
                     continue
                 counted += 1
                 serving_reads += theirs.get("reads", 0)
@@ -286,6 +290,10 @@ class ServingProcesses:
     async def run(self, cache_listings: bool) -> None:
         """Serve until cancelled (the mount is stopping); each slot's process replaced when it
         dies. Call once the mount has answered INIT."""
+        if not fuse_ops.clones_ready():
+            log.error("the mount's FUSE_INIT was not kept for serving processes (longer than "
+                      "the patched pyfuse3 holds): the worker alone serves the mount")  # fmt: skip
+            return
         try:
             async with trio.open_nursery() as nursery:
                 for slot in range(1, self.count):
@@ -299,8 +307,8 @@ class ServingProcesses:
             began = trio.current_time()
             try:
                 await self._serve_once(slot, cache_listings)
-            except (OSError, EOFError, RuntimeError) as exc:
-                log.error("serving process %d could not start: %s", slot, exc)
+            except Exception as exc:  # trio's nurseries wrap errors in groups: any is logged
+                log.error("serving process %d failed: %r", slot, exc)
             self.deaths += 1
             quick = trio.current_time() - began < START_TIMEOUT_S
             quick_deaths = quick_deaths + 1 if quick else 0
@@ -310,47 +318,62 @@ class ServingProcesses:
                 await trio.sleep(RESTART_BACKOFF_S)
 
     async def _serve_once(self, slot: int, cache_listings: bool) -> None:
-        fuse_fd, init_request = fuse_ops.clone_session()
         calls, calls_theirs = socket.socketpair()
         table, table_theirs = socket.socketpair()
         try:
-            passed = (fuse_fd, calls_theirs.fileno(), table_theirs.fileno())
-            # Started from this (the loop's) thread, not from a worker thread as
-            # trio.lowlevel.open_process does: the child's PR_SET_PDEATHSIG fires when the
-            # thread that forked it ends, and trio retires idle worker threads (every serving
-            # process died ~10 s after its start when it was).
-            process = subprocess.Popen(
-                [sys.executable, "-m", "cachefs.fs.serving_process", *map(str, passed),
-                 str(self._max_tasks)],
-                pass_fds=passed,
-            )  # fmt: skip
+            fuse_fd, init_request = fuse_ops.clone_session()
+            try:
+                passed = (fuse_fd, calls_theirs.fileno(), table_theirs.fileno())
+                # Started from this (the loop's) thread, not from a worker thread as
+                # trio.lowlevel.open_process does: the child's PR_SET_PDEATHSIG fires when the
+                # thread that forked it ends, and trio retires idle worker threads (every
+                # serving process died ~10 s after its start when it was).
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "cachefs.fs.serving_process", *map(str, passed),
+                     str(self._max_tasks)],
+                    pass_fds=passed,
+                )  # fmt: skip
+            finally:
+                os.close(fuse_fd)
+        except BaseException:
+            calls.close()
+            table.close()
+            raise
         finally:
-            os.close(fuse_fd)
             calls_theirs.close()
             table_theirs.close()
+        # Opened before anything can reap it: this pidfd names this process and no other.
+        pidfd = os.pidfd_open(process.pid)
         self.started += 1
         replica = None
         try:
             table.settimeout(START_TIMEOUT_S)
             table.sendall(frame((init_request, cache_listings)))
-            _, pid = await trio.to_thread.run_sync(receive_frame, table)
+            # abandon_on_cancel: a stop does not wait for a process that never says it is
+            # ready (the finally below shuts the socket down, which ends the receive).
+            ready = await trio.to_thread.run_sync(receive_frame, table, abandon_on_cancel=True)
+            pid = ready[1]
             if self._table is not None:
-                replica = self._table.attach(table, pid)
+                replica = self._table.attach(table, pid, pidfd)
             self.pids[slot] = pid
             log.info("serving process %d (pid %d) serves the mount", slot, pid)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._answer_calls, calls)
-                await _wait(process)
+                await _wait(process, pidfd)
                 nursery.cancel_scope.cancel()
             log.warning("serving process %d (pid %d) ended (%s); replacing it", slot, pid,
                         _how_it_ended(process.returncode))  # fmt: skip
         finally:
             self.pids.pop(slot, None)
+            with trio.CancelScope(shield=True):
+                await _stop(process, pidfd)
+            # Detached only once it has exited: until then forgets still reach it (or kill it).
             if self._table is not None and replica is not None:
                 self._table.detach(replica)
-            with trio.CancelScope(shield=True):
-                await _stop(process)
+            os.close(pidfd)
             calls.close()
+            with contextlib.suppress(OSError):
+                table.shutdown(socket.SHUT_RDWR)
             table.close()
 
     async def _answer_calls(self, sock: socket.socket) -> None:
@@ -383,6 +406,8 @@ class ServingProcesses:
                     data = b""
                 if not data:
                     break
+                # A frame that is not a call (a bug) raises here: the process is stopped and
+                # replaced (the stream cannot be trusted past it).
                 for call_id, op, args in reader.feed(data):
                     nursery.start_soon(answer, call_id, op, args)
 
@@ -400,27 +425,24 @@ class ServingProcesses:
         }
 
 
-async def _wait(process: subprocess.Popen[bytes]) -> None:
-    """Until ``process`` has ended, then reap it (its pidfd becomes readable when it ends)."""
-    if process.poll() is not None:
-        return
-    pidfd = os.pidfd_open(process.pid)
-    try:
-        await trio.lowlevel.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
+async def _wait(process: subprocess.Popen[bytes], pidfd: int) -> None:
+    """Until ``process`` has ended (its pidfd readable), then reap it."""
+    await trio.lowlevel.wait_readable(pidfd)
     process.wait()
 
 
-async def _stop(process: subprocess.Popen[bytes]) -> None:
+async def _stop(process: subprocess.Popen[bytes], pidfd: int) -> None:
     """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; returns once it is reaped."""
-    if process.poll() is None:
-        process.terminate()
-        with trio.move_on_after(STOP_TIMEOUT_S):
-            await _wait(process)
-        if process.poll() is None:
-            process.kill()
-            await _wait(process)
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):  # exited, not reaped yet
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+    with trio.move_on_after(STOP_TIMEOUT_S):
+        await _wait(process, pidfd)
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        await _wait(process, pidfd)
 
 
 def _how_it_ended(returncode: int | None) -> str:

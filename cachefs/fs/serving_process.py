@@ -230,6 +230,8 @@ def _die_with_parent() -> None:
 def main(argv: Sequence[str]) -> int:
     fuse_fd, calls_fd, table_fd, max_tasks = (int(arg) for arg in argv)
     _die_with_parent()
+    # A Ctrl-C at the terminal reaches the whole process group: the worker stops these.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s serving[{os.getpid()}] %(levelname)s %(name)s: %(message)s",

@@ -1639,7 +1639,11 @@ static void init_with_passthrough(struct fuse_session *se, const struct fuse_buf
  * The reply goes to the clone, where the kernel finds no request of that id and refuses it
  * with ENOENT, which libfuse ignores ("interrupted"); the kernel's state is the mount's. */
 
-static unsigned char init_request[CFR_INIT_REQUEST_MAX];
+/* The smallest FUSE_INIT: the header and a fuse_init_in before protocol 7.36 (major, minor,
+ * max_readahead, flags); kernels from 7.36 on send more (flags2 and what follows). */
+#define CFR_INIT_MIN (sizeof(struct cfr_in_header) + 16)
+
+static _Alignas(8) unsigned char init_request[CFR_INIT_REQUEST_MAX];
 static size_t init_request_len;
 
 static void keep_init_request(const unsigned char *mem, size_t len) {
@@ -1660,8 +1664,8 @@ size_t cfr_init_request(unsigned char *out, size_t cap) {
 
 int cfr_replay_init(struct fuse_session *se, const unsigned char *request, size_t len) {
     struct cfr_in_header in;
-    unsigned char copy[CFR_INIT_REQUEST_MAX];
-    if (len < sizeof in + sizeof(struct cfr_init_in) || len > sizeof copy) return -1;
+    _Alignas(8) unsigned char copy[CFR_INIT_REQUEST_MAX]; /* libfuse reads it as its structs */
+    if (len < CFR_INIT_MIN || len > sizeof copy) return -1;
     memcpy(&in, request, sizeof in);
     if (in.opcode != CFR_OP_INIT || in.len != len) return -1;
     memcpy(copy, request, len); /* libfuse reads the request in place */
@@ -1678,13 +1682,16 @@ void cfr_process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd
     const unsigned char *mem = buf->mem;
     struct cfr_in_header in;
     struct cfr_init_in init;
+    if (!(buf->flags & FUSE_BUF_IS_FD) && buf->size >= CFR_INIT_MIN) {
+        memcpy(&in, mem, sizeof in);
+        if (in.opcode == CFR_OP_INIT) keep_init_request(mem, buf->size); /* for clones */
+    }
     if ((buf->flags & FUSE_BUF_IS_FD) || buf->size < sizeof in + sizeof init) {
         fuse_session_process_buf(se, buf);
         return;
     }
     memcpy(&in, mem, sizeof in);
     memcpy(&init, mem + sizeof in, sizeof init);
-    if (in.opcode == CFR_OP_INIT) keep_init_request(mem, buf->size);
     if (!passthrough_wanted) {
         fuse_session_process_buf(se, buf);
         return;

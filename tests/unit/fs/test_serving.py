@@ -6,6 +6,7 @@ pyfuse3 in C) is tested with real mounts in tests/e2e/fs/test_serving_processes.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import threading
@@ -81,6 +82,7 @@ class Replica:
         self._thread.start()
         # A real process for the pid (what a killed replica's kill reaches).
         self.process = subprocess.Popen(["sleep", "600"])
+        self.pidfd = os.pidfd_open(self.process.pid)
 
     def _apply(self) -> None:
         try:
@@ -99,6 +101,7 @@ class Replica:
         self._thread.join(WAIT_S)
         self.process.kill()
         self.process.wait(WAIT_S)
+        os.close(self.pidfd)
 
 
 @pytest.fixture
@@ -119,8 +122,8 @@ def test_changes_reach_every_replica_in_the_worker_order_and_forgets_are_applied
     table = ReplicatedTable(local)
     table.configure(1 << 16, 1000, 1000)
     first, second = replicas(), replicas()
-    table.attach(first.worker_end, first.process.pid)
-    table.attach(second.worker_end, second.process.pid)
+    table.attach(first.worker_end, first.process.pid, first.pidfd)
+    table.attach(second.worker_end, second.process.pid, second.pidfd)
     assert table.register(5, 0, 1 << 20, 10, 9, b"/ram/b", 10, b"c" * 8) is True
     assert table.register_dentry(3, b"name \xff", Entry()) is True
     assert table.register_listing(3, b"packed", 1) is True
@@ -148,7 +151,7 @@ def test_what_the_worker_table_refuses_is_not_sent_and_peer_paths_stay_local(rep
     local = RecordingTable({})
     table = ReplicatedTable(local)
     replica = replicas()
-    table.attach(replica.worker_end, replica.process.pid)
+    table.attach(replica.worker_end, replica.process.pid, replica.pidfd)
     local.refuse = True
     assert table.register(5, 0, 1, 1, 1, b"/x", 1, b"") is False
     assert table.register_dentry(3, b"n", Entry()) is False
@@ -160,7 +163,7 @@ def test_what_the_worker_table_refuses_is_not_sent_and_peer_paths_stay_local(rep
 def test_stats_sum_the_work_of_every_process_and_keep_the_worker_sizes(replicas):
     table = ReplicatedTable(RecordingTable({"reads": 10, "blocks": 100, "max_read": 1 << 20}))
     replica = replicas({"reads": 5, "blocks": 90, "max_read": 1 << 20, "open_files": 3})
-    table.attach(replica.worker_end, replica.process.pid)
+    table.attach(replica.worker_end, replica.process.pid, replica.pidfd)
     stats = table.stats()
     assert stats == {
         "reads": 15,
@@ -178,11 +181,12 @@ def test_a_replica_that_does_not_answer_a_forget_is_killed_and_the_forget_return
     monkeypatch.setattr(serving, "TABLE_ANSWER_TIMEOUT_S", 0.5)
     table = ReplicatedTable(RecordingTable({"reads": 1}))
     answering = replicas()
-    table.attach(answering.worker_end, answering.process.pid)
+    table.attach(answering.worker_end, answering.process.pid, answering.pidfd)
     silent_end, _never_read = socket.socketpair()  # nobody applies or answers
     silent = subprocess.Popen(["sleep", "600"])
+    silent_pidfd = os.pidfd_open(silent.pid)
     try:
-        table.attach(silent_end, silent.pid)
+        table.attach(silent_end, silent.pid, silent_pidfd)
         table.forget_file(4)
         assert silent.wait(WAIT_S) == -9  # killed: its table can no longer serve
         assert ("fast_read_forget_file", (4,)) in answering.applied
@@ -190,5 +194,37 @@ def test_a_replica_that_does_not_answer_a_forget_is_killed_and_the_forget_return
     finally:
         silent.kill()
         silent.wait(WAIT_S)
+        os.close(silent_pidfd)
         silent_end.close()
         _never_read.close()
+
+
+def test_a_replica_whose_answer_is_not_one_is_killed(replicas):
+    """A frame that is not an answer (a bug) leaves the stream out of step: the replica is
+    killed rather than trusted with later changes."""
+    table = ReplicatedTable(RecordingTable({}))
+    worker_end, replica_end = socket.socketpair()
+    process = subprocess.Popen(["sleep", "600"])
+    pidfd = os.pidfd_open(process.pid)
+
+    def answer_garbage() -> None:
+        try:
+            receive_frame(replica_end)
+            replica_end.sendall(frame("not an answer"))
+        except (EOFError, OSError):
+            pass
+
+    answering = threading.Thread(target=answer_garbage)
+    try:
+        table.attach(worker_end, process.pid, pidfd)
+        answering.start()
+        table.forget_inodes(1, 2)
+        assert process.wait(WAIT_S) == -9
+        assert table.stats()["serving_processes"] == 1
+    finally:
+        answering.join(WAIT_S)
+        process.kill()
+        process.wait(WAIT_S)
+        os.close(pidfd)
+        worker_end.close()
+        replica_end.close()
