@@ -147,6 +147,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{fast['lookups']} LOOKUPs answered in C; {fast.get('open_files', 0)} block files "
             f"open"
         )
+        serving = status.get("fuse_processes")
+        if serving:  # --fuse-processes above 1 (cachefs/fs/serving.py)
+            forwarded = ", ".join(f"{op} {n}" for op, n in sorted(serving["forwarded"].items()))
+            print(
+                f"fuse processes: {serving['processes']} (serving processes "
+                f"{' '.join(map(str, serving['pids'])) or 'none now'}; {serving['deaths']} "
+                f"died and were replaced); {fast.get('serving_reads', 0)} of the READs answered "
+                f"in C by them; forwarded to the worker: {forwarded or 'nothing'}"
+            )
         if fast.get("passthrough"):
             print(
                 f"passthrough: {fast['pt_opens']} OPENs handed the block file to the kernel, "

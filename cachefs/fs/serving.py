@@ -24,9 +24,9 @@ applies every change to the worker's table and then sends it to every serving pr
 table channel, under one lock, so each replica sees the changes in the worker's order. A
 forget (a block's space about to be released, a refresh or removal about to be served) returns
 only once every serving process has applied it; one that does not answer within
-:data:`TABLE_ANSWER_TIMEOUT_S` is killed, and the forget returns once it is dead (its open
-block files closed). A new serving process starts with an empty table: it answers in C only
-what is registered after it started.
+:data:`TABLE_ANSWER_TIMEOUT_S` is killed, and the forget returns once it has exited (its
+pidfd readable: every thread gone, its open block files closed), or raises. A new serving
+process starts with an empty table: it answers in C only what is registered after it started.
 
 Supervision: a serving process that dies is replaced at once (a new clone, a new process);
 only the requests it had read fail (the kernel ends them with ECONNABORTED: the reader's

@@ -25,7 +25,6 @@ fraction of a second, so that a replacement serves soon after one dies.
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import os
 import signal
@@ -258,9 +257,9 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         trio.run(serve)
-    except OSError as exc:
-        if exc.errno not in (errno.ENODEV, errno.ECONNABORTED):
-            raise
+    except Exception as exc:  # (in trio's exception group) the loop failed: the worker starts
+        log.error("serving ended: %r", exc)  # another if the mount is still served
+        return 1
     pyfuse3.close(unmount=False)
     return 0
 

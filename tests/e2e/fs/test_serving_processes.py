@@ -18,6 +18,7 @@ import pytest
 from cachefs.fs.fuse_ops import CLONES_SUPPORTED
 from tests.e2e.fs.test_native_reads import (
     BLOCK,
+    cli_status_text,
     drop_pages_keep_dentries,
     make_source,
     own_tmpfs,  # noqa: F401 (a fixture)
@@ -322,7 +323,10 @@ def test_odd_names_are_listed_and_served_unchanged_by_every_process(tmp_path):
                 assert read_whole(worker.path("ds", name)) == data
         with pytest.raises(FileNotFoundError):
             os.stat(worker.path("ds", "odd/../odd/absent.bin"))
-        assert serving(worker)["deaths"] == 0
+        figures = serving(worker)
+        assert figures["deaths"] == 0
+        text = cli_status_text(worker)  # `cachefs status` names the processes
+        assert f"fuse processes: 2 (serving processes {figures['pids'][0]}; 0 died" in text
     finally:
         worker.cleanup()
 
