@@ -133,6 +133,13 @@ def worker_counters(status: dict) -> dict[str, int]:
     counters.update({f"served_{tier}": n for tier, n in reads["bytes_served"].items()})
     counters.update({f"peer_req_{k}": n for k, n in status["peers"]["requests"].items()})
     counters["peer_blocks_served"] = status["peers"]["blocks_served"]
+    # With --fuse-processes above 1: the READs the serving processes answered in C (of them,
+    # of other workers' blocks) and those they handed to the worker.
+    native = status.get("fuse_fast_read") or {}
+    counters["serving_reads"] = native.get("serving_reads", 0)
+    counters["serving_peer_reads"] = native.get("serving_peer_reads", 0)
+    serving = status.get("fuse_processes") or {}
+    counters["forwarded_reads"] = (serving.get("forwarded") or {}).get("read", 0)
     counters["store_gets"] = sum(
         n for op, n in status["store"]["requests"].items() if op.startswith("get:")
     )
@@ -1278,6 +1285,19 @@ def render_markdown(results: dict) -> str:
             f"| {_peer_reads_ok(dd):,} | {r['store_gets_all_nodes']:,} "
             f"| {_worker_cpu(r.get('worker_cpu_ms_per_file'))} | {r['cpu_busy_before']:.0%} |"
         )
+    serving_passes = [r for r in results["reads"] if r["delta"].get("serving_reads")]
+    if serving_passes:  # --fuse-processes above 1
+        lines += [
+            "",
+            "READs the serving processes answered in C (of them, of other workers' blocks, on "
+            "connections of their own) and handed to the worker, per pass: "
+            + "; ".join(
+                f"{r['node']} {r['kind']} {r['delta']['serving_reads']:,} "
+                f"({r['delta'].get('serving_peer_reads', 0):,}), "
+                f"{r['delta'].get('forwarded_reads', 0):,} forwarded"
+                for r in serving_passes
+            ),
+        ]
     reference = results.get("one_node_reference")
     one_node = (reference or {}).get("all_files_per_s")
     lines += [

@@ -358,6 +358,12 @@ class _WorkerCollector(Collector):
             "cachefs_fuse_fast_reads",
             value=native.get("serving_reads", 0),
         )
+        yield GaugeMetricFamily(
+            "cachefs_fuse_serving_peer_connections",
+            "Connections to other workers the serving processes send READs on now (the worker "
+            "opens and hands them over)",
+            value=serving.get("peer_connections", 0),
+        )
         forwarded = CounterMetricFamily(
             "cachefs_fuse_forwarded_requests",
             "FUSE requests a serving process read and handed to the worker, by operation",

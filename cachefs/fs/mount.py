@@ -104,17 +104,10 @@ class FuseMount:
                     reader.peers,
                     timeout_s=reader.peers.timeout_s,
                     largest_read=fuse_ops.largest_read,
+                    # Each serving process sends its READs of peers' files on connections of
+                    # its own (the worker opens and hands them over).
+                    sharing=table if isinstance(table, ReplicatedTable) else None,
                 )
-                if self.serving is not None:
-                    # Measured (docs/architecture.md): 0.4x the all-files rate of a 3-node
-                    # cluster with 2 processes on 2 cores.
-                    log.warning(
-                        "--fuse-processes %d: READs of other workers' blocks that a serving "
-                        "process reads are forwarded to this process and fetched in Python "
-                        "(only the worker holds peer connections); --fuse-processes 1 keeps "
-                        "them all in C",
-                        self._fuse_processes,
-                    )
         try:
             fuse_ops.mount(
                 ops,

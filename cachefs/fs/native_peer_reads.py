@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import trio
 
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.fs.serving_wire import PEER_TIMED_OUT
 from cachefs.peer import wire
 from cachefs.peer.base import BlockRequest, PeerError
 from cachefs.peer.client import PeerClient
@@ -80,23 +81,42 @@ class PeerReadTable(Protocol):
     def peer_close(self, slot: int, fail: bool) -> list[Coroutine[Any, Any, None]]: ...
 
 
+class ConnectionSharing(Protocol):
+    """The serving processes of the mount (cachefs/fs/serving.py's ReplicatedTable): each
+    sends its READs of an owner's files on a connection of its own, which this side opens and
+    hands over."""
+
+    def link_of(self, slot: int) -> int: ...
+
+    def connections_wanted(self, link: int) -> bool: ...
+
+    def share_connection(self, link: int, address: str, sock_fd: int, timeout_s: float) -> bool: ...
+
+    def handle_link_faults(self, callback: Callable[[str, int], None]) -> None: ...
+
+
 class _Owner:
     """The connection to one owner: opening (``slot`` -1, routes waiting) or handed to C."""
 
-    __slots__ = ("address", "slot", "waiting")
+    __slots__ = ("address", "link", "sharing", "slot", "waiting")
 
     def __init__(self, address: str):
         self.address = address
         self.slot = -1
+        self.link = 0  # the slot's id for the serving processes (ConnectionSharing.link_of)
         self.waiting: list[tuple[int, bytes, int]] = []  # (ino, frame, length)
+        self.sharing = False  # connections for the serving processes being opened
 
 
 class NativePeerReads:
     """Routes READs of other workers' small files to them from C, and serves what comes back.
 
     ``largest_read``: called for the largest file a route may have (the largest READ, known once
-    INIT is answered; 0 before: no routes yet), until it is known. Start :meth:`run` before the
-    first route.
+    INIT is answered; 0 before: no routes yet), until it is known. ``sharing``: the serving
+    processes, if the mount has any (``--fuse-processes``), each given a connection of its own
+    to every owner before that owner's routes are registered (so that they reach it too), or
+    within a quarter of the timeout for a serving process that started later. Start
+    :meth:`run` before the first route.
     """
 
     def __init__(
@@ -107,6 +127,7 @@ class NativePeerReads:
         *,
         timeout_s: float,
         largest_read: Callable[[], int],
+        sharing: ConnectionSharing | None = None,
     ) -> None:
         assert reader.route is not None  # a reader with a peer client has its route
         self._table = table
@@ -119,6 +140,9 @@ class NativePeerReads:
         self._owners: dict[str, _Owner] = {}
         self._waiting_routes = 0
         self._nursery: trio.Nursery | None = None
+        self._sharing = sharing
+        if sharing is not None:
+            sharing.handle_link_faults(self._shared_connection_failed)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the connections (and the READs handed back) until cancelled."""
@@ -172,17 +196,55 @@ class NativePeerReads:
             self._forget(owner)
             return
         sock = stream.socket
+        slot = -1
         try:
-            owner.slot = self._table.peer_open(sock.fileno(), self._max_length)
-            if owner.slot < 0:
+            slot = self._table.peer_open(sock.fileno(), self._max_length)
+            if slot < 0:
                 log.warning("native peer reads: no free connection slot for %s", owner.address)
                 return
+            if self._sharing is not None:  # theirs first: the routes below reach them too
+                owner.link = self._sharing.link_of(slot)
+                await self._share(owner, owner.link)
+            owner.slot = slot
             for ino, frame, length in self._take_waiting(owner):
                 self._table.peer_route(ino, owner.slot, frame, length)
             await self._receive(owner, sock)
         finally:
-            self._close(owner)
+            self._close(owner, slot)
             sock.close()
+
+    async def _share(self, owner: _Owner, link: int) -> None:
+        """Open a connection to the owner for each serving process that has none for ``link``
+        and hand it over (a failure cools the owner down: the next wake-up closes them all).
+        Links are never reused: once the connection is closed, none is wanted for it."""
+        assert self._sharing is not None
+        owner.sharing = True
+        try:
+            while self._sharing.connections_wanted(link):
+                try:
+                    stream = await self._peers.open_stream(owner.address)
+                except PeerError as exc:
+                    log.info("native peer reads: %s; serving processes read its files in "
+                             "Python", exc)  # fmt: skip
+                    return
+                try:
+                    self._sharing.share_connection(
+                        link, owner.address, stream.socket.fileno(), self._timeout_s
+                    )
+                finally:
+                    stream.socket.close()  # the serving process holds its duplicate
+        finally:
+            owner.sharing = False
+
+    def _shared_connection_failed(self, address: str, fault: int) -> None:
+        """A serving process closed its connection to ``address`` because it failed
+        (serving_wire's ``peer_closed``): the owner is cooled down, as for one here."""
+        if fault == PEER_TIMED_OUT:
+            reason = f"no answer within {self._timeout_s} s"
+        else:
+            reason = FAULTS.get(fault, f"fault {fault}")
+        log.info("a serving process's peer reads from %s stopped: %s", address, reason)
+        self._peers.mark_down(address, reason=reason)
 
     async def _receive(self, owner: _Owner, sock: trio.socket.SocketType) -> None:
         """Have C handle the owner's answers as they come, until the connection is done."""
@@ -200,6 +262,11 @@ class NativePeerReads:
                 return
             if self._peers.is_cooling(owner.address):  # the Python client saw it fail
                 return
+            sharing = self._sharing
+            if sharing is not None and not owner.sharing and sharing.connections_wanted(owner.link):
+                assert self._nursery is not None
+                owner.sharing = True  # (a serving process started since, or given up one)
+                self._nursery.start_soon(self._share, owner, owner.link)
             if pending and oldest_age_s >= self._timeout_s:
                 reason = f"no answer within {self._timeout_s} s"
                 log.info("native peer reads from %s stopped: %s", owner.address, reason)
@@ -209,12 +276,12 @@ class NativePeerReads:
             with trio.move_on_after(wait):
                 await trio.lowlevel.wait_readable(sock)
 
-    def _close(self, owner: _Owner) -> None:
+    def _close(self, owner: _Owner, slot: int) -> None:
         """Take the connection from C: its pending READs to Python (or, shutting down, EIO)."""
-        if owner.slot >= 0:
+        if slot >= 0:
             # Cancelled (the worker stopping): a READ handed back could not be served.
             stopping = self._nursery is None or trio.current_effective_deadline() == -math.inf
-            self._serve_in_python(self._table.peer_close(owner.slot, stopping))
+            self._serve_in_python(self._table.peer_close(slot, stopping))
         self._forget(owner)
 
     def _take_waiting(self, owner: _Owner) -> list[tuple[int, bytes, int]]:

@@ -14,7 +14,9 @@ Each serving process (cachefs/fs/serving_process.py) reads a clone of the mount'
 descriptor (FUSE_DEV_IOC_CLONE) with a pyfuse3 session brought into the mount's initialised
 state by the mount's own FUSE_INIT, replayed ("clones" in
 third_party/pyfuse3/cachefs_fast_read.c). It answers in C what its native table holds (READs
-of RAM-tier blocks, repeated LOOKUPs, listings) and sends anything else to the worker, which
+of RAM-tier blocks, repeated LOOKUPs, listings, and READs of other workers' small files, sent
+on connections to their owners that the worker opens and hands over: "peer reads" in
+:class:`ReplicatedTable`) and sends anything else to the worker, which
 answers with its own FuseOperations (``answer_forwarded``): there is one owner of the
 snapshots, the cache, misses, admission and hand-offs, and a block is never fetched twice
 because two processes missed it (the worker's BlockReader shares fetches as ever).
@@ -46,12 +48,13 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
 
 from cachefs.fs import fuse_ops
-from cachefs.fs.serving_wire import FrameReader, frame, receive_frame
+from cachefs.fs.serving_wire import FrameReader, frame, receive_frame, send_frame_with_fd
 
 log = logging.getLogger("cachefs.serving")
 
@@ -94,6 +97,7 @@ class _Replica:
         self.pid = pid
         self.pidfd = pidfd
         self.dead = False
+        self.links: set[int] = set()  # the peer links it was given a connection for
 
     def send(self, message: tuple[str, tuple[Any, ...], bool]) -> None:
         self.sock.sendall(frame(message))
@@ -120,16 +124,34 @@ class _Replica:
             raise RuntimeError(f"serving process {self.pid} did not exit after SIGKILL")
 
 
+class _Link:
+    """One of the worker's peer connections (its slot in the worker's table), as the serving
+    processes know it: by an id never reused, since the binding reuses slots."""
+
+    __slots__ = ("address", "id", "max_length")
+
+    def __init__(self, link_id: int, max_length: int) -> None:
+        self.id = link_id
+        self.max_length = max_length
+        self.address = ""  # the owner's, once a connection to it is shared
+
+
 class ReplicatedTable:
     """The worker's native table, with every change also made in the serving processes'
     tables (see the module docstring). Duck-types the table it wraps, so NativeReads,
-    NativePeerReads and FuseOperations use it unchanged."""
+    NativePeerReads and FuseOperations use it unchanged; to NativePeerReads it is also the
+    :class:`~cachefs.fs.native_peer_reads.ConnectionSharing` that gives each serving process
+    connections of its own to the owners the worker reads from."""
 
     def __init__(self, local: Any) -> None:
         self._local = local
         self._lock = threading.Lock()
         self._replicas: list[_Replica] = []
         self._configured: list[tuple[str, tuple[Any, ...]]] = []
+        self._links: dict[int, _Link] = {}  # the worker's peer slot -> its link
+        self._by_id: dict[int, _Link] = {}  # the same, by link id
+        self._last_link = 0
+        self._on_link_fault: Callable[[str, int], None] | None = None
 
     # --- replicas ----------------------------------------------------------------------------
 
@@ -241,28 +263,124 @@ class ReplicatedTable:
 
     def stats(self) -> dict[str, int]:
         """The counters of every process's table summed (sizes and limits: the worker's, see
-        _NOT_SUMMED), with ``serving_processes`` the processes counted and ``serving_reads``
-        the READs the serving processes answered."""
+        _NOT_SUMMED), with ``serving_processes`` the processes counted, ``serving_reads`` and
+        ``serving_peer_reads`` the READs (and of them, peer READs) the serving processes
+        answered."""
         with self._lock:
             totals = dict(self._local.stats())
             counted = 1
-            serving_reads = 0
+            serving_reads = serving_peer_reads = 0
             for replica in list(self._replicas):
                 theirs = self._ask(replica, "fast_read_stats", ())
                 if not isinstance(theirs, dict):
                     continue
                 counted += 1
                 serving_reads += theirs.get("reads", 0)
+                serving_peer_reads += theirs.get("peer_reads", 0)
                 for key, value in theirs.items():
                     if key not in _NOT_SUMMED:
                         totals[key] = totals.get(key, 0) + value
         totals["serving_processes"] = counted
         totals["serving_reads"] = serving_reads  # of the reads, those the clones answered
+        totals["serving_peer_reads"] = serving_peer_reads  # and of the peer reads
         return totals
 
+    # --- peer reads (cachefs/fs/native_peer_reads.py) -----------------------------------------
+    #
+    # A serving process cannot send READs on the worker's connection to an owner (the answers
+    # would be read by either process), so it gets connections of its own, opened and
+    # handshaken by the worker's peer client (share_connection) and passed over the table
+    # channel; a route the worker registers on its slot reaches each serving process as a
+    # route on its own connection for the same link.
+
+    def peer_open(self, sock_fd: int, max_length: int) -> int:
+        with self._lock:
+            slot = int(self._local.peer_open(sock_fd, max_length))
+            if slot >= 0:
+                self._last_link += 1
+                link = _Link(self._last_link, max_length)
+                self._links[slot] = self._by_id[link.id] = link
+        return slot
+
+    def peer_route(self, ino: int, slot: int, request: bytes, length: int) -> bool:
+        with self._lock:
+            routed = bool(self._local.peer_route(ino, slot, request, length))
+            link = self._links.get(slot)
+            if routed and link is not None:
+                for replica in list(self._replicas):
+                    if link.id in replica.links:
+                        self._send_to(replica, "peer_route", (ino, link.id, request, length))
+        return routed
+
+    def peer_close(self, slot: int, fail: bool) -> Any:
+        with self._lock:
+            handed_back = self._local.peer_close(slot, fail)
+            link = self._links.pop(slot, None)
+            if link is not None:
+                del self._by_id[link.id]
+                for replica in list(self._replicas):
+                    if link.id in replica.links:
+                        replica.links.discard(link.id)
+                        self._send_to(replica, "peer_close", (link.id,))
+        return handed_back
+
+    def link_of(self, slot: int) -> int:
+        """The id of the worker's open connection ``slot`` (0: none open there)."""
+        with self._lock:
+            link = self._links.get(slot)
+            return 0 if link is None else link.id
+
+    def connections_wanted(self, link_id: int) -> bool:
+        """Whether a serving process has no connection of its own for ``link_id`` (none is,
+        once it is closed)."""
+        with self._lock:
+            link = self._by_id.get(link_id)
+            return link is not None and any(link.id not in r.links for r in self._replicas)
+
+    def share_connection(self, link_id: int, address: str, sock_fd: int, timeout_s: float) -> bool:
+        """Give ``sock_fd`` (a handshaken connection to ``address``, the owner at the other
+        end of ``link_id``; the caller closes its own descriptor after) to a serving process
+        that has none for it; False if none wants one."""
+        with self._lock:
+            link = self._by_id.get(link_id)
+            if link is None:
+                return False
+            for replica in list(self._replicas):
+                if link.id in replica.links:
+                    continue
+                message = ("peer_open", (link.id, link.max_length, timeout_s), False)
+                try:
+                    send_frame_with_fd(replica.sock, message, sock_fd)
+                except OSError as exc:
+                    self._lose(replica, f"peer_open: {exc}")
+                    continue
+                replica.links.add(link.id)
+                link.address = address
+                return True
+            return False
+
+    def handle_link_faults(self, callback: Callable[[str, int], None]) -> None:
+        """Call ``callback(address, fault)`` when a serving process closed a shared connection
+        because it failed (serving_wire's ``peer_closed``)."""
+        self._on_link_fault = callback
+
+    def link_closed(self, replica: _Replica, link_id: int, fault: int) -> None:
+        """A serving process closed its connection for ``link_id`` because it failed: the
+        owner is cooled down (which closes the link everywhere)."""
+        with self._lock:
+            replica.links.discard(link_id)
+            link = self._by_id.get(link_id)
+        if link is not None and self._on_link_fault is not None:  # else closed here already
+            self._on_link_fault(link.address, fault)
+
+    def shared_connections(self) -> int:
+        """The connections the serving processes hold to owners now."""
+        with self._lock:
+            return sum(len(replica.links) for replica in self._replicas)
+
     def __getattr__(self, name: str) -> Any:
-        # The peer paths (answer_peers, register_peer_name, peer_*) are the worker's alone:
-        # only it owns peer connections and answers other workers.
+        # The rest of the peer paths (answer_peers, register_peer_name, peer_receive) are the
+        # worker's alone: only it answers other workers and reads its own connections.
         return getattr(self._local, name)
 
 
@@ -358,7 +476,7 @@ class ServingProcesses:
             self.pids[slot] = pid
             log.info("serving process %d (pid %d) serves the mount", slot, pid)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._answer_calls, calls)
+                nursery.start_soon(self._answer_calls, calls, replica)
                 await _wait(process, pidfd)
                 nursery.cancel_scope.cancel()
             log.warning("serving process %d (pid %d) ended (%s); replacing it", slot, pid,
@@ -376,17 +494,23 @@ class ServingProcesses:
                 table.shutdown(socket.SHUT_RDWR)
             table.close()
 
-    async def _answer_calls(self, sock: socket.socket) -> None:
+    async def _answer_calls(self, sock: socket.socket, replica: _Replica | None) -> None:
         """Answer the serving process's forwarded requests, each in a task of its own (at most
-        max_tasks at once, as the worker's own loop), until it closes the channel."""
+        max_tasks at once, as the worker's own loop), until it closes the channel; and take
+        what it says of its peer connections (serving_wire's ``peer_closed``)."""
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         send_lock = trio.Lock()
         reader = FrameReader()
 
         async def answer(call_id: int, op: str, args: tuple[Any, ...]) -> None:
-            self.forwarded[op] = self.forwarded.get(op, 0) + 1
-            async with self._limiter:
-                ok, value = await self._ops.answer_forwarded(op, args)
+            if op == "peer_closed":
+                ok, value = True, None
+                if self._table is not None and replica is not None:
+                    self._table.link_closed(replica, *args)
+            else:
+                self.forwarded[op] = self.forwarded.get(op, 0) + 1
+                async with self._limiter:
+                    ok, value = await self._ops.answer_forwarded(op, args)
             try:
                 answer = frame((call_id, ok, value))
             except Exception:  # a bug here must cost one request, not the worker
@@ -415,13 +539,15 @@ class ServingProcesses:
         """What `cachefs status` shows of them: ``processes`` the mount's (the worker
         included), ``pids`` of the serving processes serving now, ``started`` and ``deaths``
         since the mount (replacements included), ``forwarded`` the requests they handed to the
-        worker, by operation."""
+        worker, by operation, ``peer_connections`` the connections to other workers they send
+        READs on."""
         return {
             "processes": self.count,
             "pids": sorted(self.pids.values()),
             "started": self.started,
             "deaths": self.deaths,
             "forwarded": dict(self.forwarded),
+            "peer_connections": 0 if self._table is None else self._table.shared_connections(),
         }
 
 

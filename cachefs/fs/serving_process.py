@@ -6,7 +6,9 @@ brings its own pyfuse3 session into the mount's initialised state (``pyfuse3.ini
 mount's FUSE_INIT replayed; "clones" in third_party/pyfuse3/cachefs_fast_read.c) and then reads
 requests as the worker does: the kernel hands each request to whichever process reads first.
 
-What it answers itself, in C: READs, LOOKUPs and listings its own native table holds. The
+What it answers itself, in C: READs, LOOKUPs and listings its own native table holds, and
+READs of other workers' small files, sent on the connections to their owners that the worker
+opened and handed over (:class:`PeerLinks`). The
 worker keeps that table a replica of its own: every registration and forget the worker makes
 arrives on the table channel, in order, and a forget is answered only once applied (a thread
 here applies them, so the answer never waits for this process's trio loop). Everything else
@@ -26,20 +28,24 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol, cast
 
 import pyfuse3
 import trio
 
-from cachefs.fs.serving_wire import FrameReader, frame, receive_frame
+from cachefs.fs.serving_wire import PEER_TIMED_OUT, FrameReader, frame, receive_frame
 
 log = logging.getLogger("cachefs.serving")
+
+
+_Read = Coroutine[Any, Any, None]  # a READ's Python handler, as the binding hands it back
 
 
 class _CachefsPatch(Protocol):
@@ -53,6 +59,10 @@ class _CachefsPatch(Protocol):
         self, ops: pyfuse3.Operations, fd: int, request: bytes, options: set[str]
     ) -> None: ...
     def cache_listings(self, on: bool) -> None: ...
+    def fast_peer_open(self, sock_fd: int, max_length: int) -> int: ...
+    def fast_peer_route(self, ino: int, slot: int, frame: bytes, length: int) -> bool: ...
+    def fast_peer_receive(self, slot: int) -> tuple[int, list[_Read], int, float]: ...
+    def fast_peer_close(self, slot: int, fail: bool) -> list[_Read]: ...
 
 
 _patched = cast(_CachefsPatch, pyfuse3)
@@ -60,6 +70,9 @@ _patched = cast(_CachefsPatch, pyfuse3)
 _PR_SET_PDEATHSIG = 1
 #: The bytes one receive on the calls channel takes.
 _RECEIVE_BYTES = 1 << 20
+#: The binding's CFR_PEER_ENDED (cachefs_fast_read.h; native_peer_reads.ENDED, not imported
+#: here): the owner closed the connection.
+_PEER_ENDED = 2
 
 
 class WorkerCalls:
@@ -182,6 +195,118 @@ class ForwardingOperations(pyfuse3.Operations):
     fsyncdir = _read_only
 
 
+class PeerLinks:
+    """The connections to other workers this process sends READs of their files on (the
+    worker's NativePeerReads opens and hands them over; serving_wire's ``peer_*``), each
+    served as the worker serves its own: a task waits for the socket and has the answers
+    handled in C; the READs C hands back (a refusal, a fault) go to the worker like any other.
+
+    Opened and routed from the table thread, in the table channel's order (a route never
+    outlives the forget after it); closed only by the link's task, on the loop's thread, so a
+    slot the binding reuses is never read by two tasks. A link closed here (a fault, no answer
+    within the timeout, the owner hung up with READs pending) is reported to the worker
+    (``peer_closed``), which cools the owner down and closes everyone's connection to it. One
+    the owner closed while idle is not: the owner went away (owners close no idle connection),
+    and the worker's own connection to it ends too, which closes the link everywhere."""
+
+    def __init__(self, worker: WorkerCalls) -> None:
+        self._worker = worker
+        self._slots: dict[int, int] = {}  # link -> this process's slot (the table thread's)
+        self._lock = threading.Lock()
+        self._scopes: dict[int, trio.CancelScope] = {}  # link -> its task's (the loop's)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._token = trio.lowlevel.current_trio_token()
+            task_status.started()
+            await trio.sleep_forever()
+
+    # --- from the table thread -----------------------------------------------------------
+
+    def open(self, link: int, max_length: int, timeout_s: float, fd: int) -> None:
+        slot = _patched.fast_peer_open(fd, max_length)
+        if slot < 0:  # not reported: the worker opens no other for it (it would fail again)
+            log.warning("no free connection slot for a peer link: its READs go to the worker")
+            os.close(fd)
+            return
+        with self._lock:
+            self._slots[link] = slot
+        self._from_thread(self._start, link, slot, fd, timeout_s)
+
+    def route(self, ino: int, link: int, request: bytes, length: int) -> None:
+        with self._lock:
+            slot = self._slots.get(link)
+        if slot is not None:  # else closed here meanwhile: its READs go to the worker
+            _patched.fast_peer_route(ino, slot, request, length)
+
+    def close(self, link: int) -> None:
+        self._from_thread(self._cancel, link)
+
+    def _from_thread(self, function: Any, *args: Any) -> None:
+        assert self._token is not None  # the table thread starts once run() has
+        self._token.run_sync_soon(function, *args)
+
+    # --- on the loop's thread ------------------------------------------------------------
+
+    def _start(self, link: int, slot: int, fd: int, timeout_s: float) -> None:
+        scope = self._scopes[link] = trio.CancelScope()
+        assert self._nursery is not None
+        self._nursery.start_soon(self._serve, link, slot, fd, timeout_s, scope)
+
+    def _cancel(self, link: int) -> None:
+        scope = self._scopes.get(link)
+        if scope is not None:
+            scope.cancel()
+
+    async def _serve(
+        self, link: int, slot: int, fd: int, timeout_s: float, scope: trio.CancelScope
+    ) -> None:
+        fault: int | None = None  # why it was closed here, if it was
+        try:
+            with scope:
+                fault = await self._receive(slot, fd, timeout_s)
+        finally:
+            with self._lock:
+                del self._slots[link]
+            del self._scopes[link]
+            # Ending with the process: a READ handed back could not be answered.
+            ending = trio.current_effective_deadline() == -math.inf
+            self._serve_elsewhere(_patched.fast_peer_close(slot, ending))
+            os.close(fd)
+        if fault is not None and self._nursery is not None:
+            self._nursery.start_soon(self._worker.call, "peer_closed", link, fault)
+
+    async def _receive(self, slot: int, fd: int, timeout_s: float) -> int | None:
+        """Have C handle the answers until the connection is done: why it failed (None: the
+        owner closed it while nothing was pending)."""
+        tick = timeout_s / 4
+        while True:
+            fault, handed_back, pending, oldest_age_s = _patched.fast_peer_receive(slot)
+            self._serve_elsewhere(handed_back)
+            if fault:
+                return None if fault == _PEER_ENDED and not handed_back else fault
+            if pending and oldest_age_s >= timeout_s:
+                return PEER_TIMED_OUT
+            wait = min(tick, timeout_s - oldest_age_s) if pending else tick
+            with trio.move_on_after(wait):
+                await trio.lowlevel.wait_readable(fd)
+
+    def _serve_elsewhere(self, handed_back: list[_Read]) -> None:
+        """The READs C handed back, run as their Python handler (forwarded to the worker)."""
+        for coroutine in handed_back:
+            if self._nursery is None or trio.current_effective_deadline() == -math.inf:
+                coroutine.close()  # ending: not answered, like any READ in flight at the end
+            else:
+                self._nursery.start_soon(_await, coroutine)
+
+
+async def _await(coroutine: _Read) -> None:
+    await coroutine
+
+
 def _entry(state: dict[str, Any]) -> pyfuse3.EntryAttributes:
     """pyfuse3's attributes from the state the worker sent (its classes do not pickle)."""
     entry = pyfuse3.EntryAttributes()
@@ -197,20 +322,36 @@ def _register_dentry(parent: int, name: bytes, state: dict[str, Any]) -> bool:
 _TABLE_FUNCTIONS = {"fast_lookup_register": _register_dentry}
 
 
-def apply_table_changes(sock: socket.socket) -> None:
-    """The table channel, in a thread: apply each change to this process's native table, answer
-    those that want it; at the channel's end (the worker closed it or died) end the process."""
+def apply_table_changes(sock: socket.socket, links: PeerLinks) -> None:
+    """The table channel, in a thread: apply each change to this process's native table (or
+    its peer links), answer those that want it; at the channel's end (the worker closed it or
+    died) end the process."""
     try:
         while True:
-            function, args, wants_answer = receive_frame(sock)
+            fds: list[int] = []
+            function, args, wants_answer = receive_frame(sock, fds)
             try:
-                apply = _TABLE_FUNCTIONS.get(function) or getattr(pyfuse3, function)
-                value: Any = apply(*args)
+                value: Any = None
+                if function == "peer_open":
+                    link, max_length, timeout_s = args
+                    links.open(link, max_length, timeout_s, fds.pop(0))
+                elif function == "peer_route":
+                    links.route(*args)
+                elif function == "peer_close":
+                    links.close(*args)
+                else:
+                    apply = _TABLE_FUNCTIONS.get(function) or getattr(pyfuse3, function)
+                    value = apply(*args)
                 answer: tuple[bool, Any] = (True, value)
             except Exception as exc:  # the worker logs it; the table is as C left it
                 answer = (False, f"{function}: {exc}")
+            finally:
+                for fd in fds:  # none but peer_open's is expected
+                    os.close(fd)
             if wants_answer:
                 sock.sendall(frame(answer))
+            elif not answer[0]:
+                log.error("table change not applied: %s", answer[1])
     except (EOFError, OSError):
         pass
     finally:
@@ -247,11 +388,14 @@ def main(argv: Sequence[str]) -> int:
         return 1
     _patched.cache_listings(cache_listings)
     table.sendall(frame((True, os.getpid())))  # ready: the worker may send table changes
-    threading.Thread(target=apply_table_changes, args=(table,), daemon=True).start()
+    links = PeerLinks(worker)
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_until_worker_gone, worker)
+            await nursery.start(links.run)
+            # The changes sent meanwhile wait on the channel, in order.
+            threading.Thread(target=apply_table_changes, args=(table, links), daemon=True).start()
             await pyfuse3.main(min_tasks=1, max_tasks=max_tasks)
             nursery.cancel_scope.cancel()
 

@@ -5,12 +5,17 @@ peer address taken over by a fake owner in this process, which speaks the block 
 and then answers every request in one wrong way (the coordinator is told to wait an hour before
 marking n2 down, so n1 keeps routing n2's shards to the fake). Every read through n1's mount
 must still return the uploaded bytes, from the store, and the READs must have been sent from C.
+With ``--fuse-processes 2`` the same holds of the READs the serving process sends on the
+connections the worker handed it (cachefs/fs/serving.py), and the serving processes' first:
+they answer peer READs from C too.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import random
+import re
 import socket
 import threading
 from collections.abc import Callable
@@ -18,9 +23,10 @@ from collections.abc import Callable
 import pytest
 
 from cachefs.cache.base import CHUNK_SIZE, chunk_checksums
-from cachefs.fs.fuse_ops import PEER_READS_SUPPORTED
+from cachefs.fs.fuse_ops import CLONES_SUPPORTED, PEER_READS_SUPPORTED
 from cachefs.peer import wire
 from tests.cluster_process import Cluster, read_all, wait_for
+from tests.e2e.fs.test_native_reads import cli_status_text
 from tests.worker_process import drop_page_cache
 
 pytestmark = pytest.mark.skipif(
@@ -112,15 +118,33 @@ def _exactly(conn: socket.socket, count: int) -> bytes:
     return data
 
 
+SERVING_PROCESSES = [
+    1,
+    pytest.param(2, marks=pytest.mark.skipif(not CLONES_SUPPORTED, reason="no clones")),
+]
+
+
+def _connections(status: dict) -> int:
+    """The reader's connections to owners: the worker's and its serving processes'."""
+    serving = status.get("fuse_processes") or {}
+    return status["peers"]["native_connections"] + serving.get("peer_connections", 0)
+
+
+@pytest.mark.parametrize("processes", SERVING_PROCESSES)
 @pytest.mark.parametrize("misbehaviour", list(ANSWERS))
 def test_a_misbehaving_owner_costs_readers_no_error_and_no_wrong_byte(
-    tmp_path, moto_s3, fault_proxy, misbehaviour
+    tmp_path, moto_s3, fault_proxy, misbehaviour, processes
 ):
     files = _files()
     bucket = moto_s3.make_bucket()
     for key, data in files.items():
         moto_s3.put(bucket, f"ds/{key}", data)
-    cluster = Cluster(str(tmp_path / "c"), 2, coordinator_args=("--down-after", "3600s"))
+    cluster = Cluster(
+        str(tmp_path / "c"),
+        2,
+        coordinator_args=("--down-after", "3600s"),
+        worker_args=("--fuse-processes", str(processes)),
+    )
     try:
         cluster.start()
         cluster.add_dataset("ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK)
@@ -138,12 +162,13 @@ def test_a_misbehaving_owner_costs_readers_no_error_and_no_wrong_byte(
         assert problems == []
         owner.kill9()
         # Its connections ended with nothing pending: n2 is not cooled down for that.
-        wait_for(lambda: reader.status()["peers"]["native_connections"] == 0, "connections gone")
+        wait_for(lambda: _connections(reader.status()) == 0, "connections gone")
         fake = FakeOwner(owner.address, ANSWERS[misbehaviour])
         try:
             drop_page_cache()
             os.listdir(os.path.join(reader.mount, "ds", "d"))  # routes n2's files to the fake
-            wait_for(lambda: reader.status()["peers"]["native_connections"] == 1, "a connection")
+            # One for the worker, one for each serving process (given before the routes).
+            wait_for(lambda: _connections(reader.status()) == processes, "the connections")
             before = reader.status()
             assert read_all(reader.mount, files) == []  # byte-exact, no error
         finally:
@@ -161,6 +186,49 @@ def test_a_misbehaving_owner_costs_readers_no_error_and_no_wrong_byte(
             assert native["peer_refused"] == native["peer_handbacks"]
         else:  # a fault or a timeout closes the connection and cools the owner down
             assert native["peer_refused"] == 0
-            assert after["peers"]["native_connections"] == 0
+            assert _connections(after) == 0
+    finally:
+        cluster.cleanup()
+
+
+@pytest.mark.skipif(not CLONES_SUPPORTED, reason="needs the patched pyfuse3 (--fuse-processes)")
+def test_serving_processes_send_peer_reads_from_c_on_connections_of_their_own(
+    tmp_path, moto_s3, fault_proxy
+):
+    """n1 serves its mount with two processes; 16 readers read every file, half of them
+    n2's: each file byte-exact, and the serving process answered READs of n2's files from C
+    on the connection the worker handed it (not forwarded to the worker's Python)."""
+    files = _files()
+    bucket = moto_s3.make_bucket()
+    for key, data in files.items():
+        moto_s3.put(bucket, f"ds/{key}", data)
+    cluster = Cluster(str(tmp_path / "c"), 2, worker_args=("--fuse-processes", "2"))
+    try:
+        cluster.start()
+        cluster.add_dataset("ds", f"s3://{bucket}/ds", endpoint=fault_proxy.url, block_size=BLOCK)
+        reader = cluster.workers[0]
+        problems: list[str] = []
+
+        def read_with_16_readers() -> None:
+            drop_page_cache()
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                for found in pool.map(
+                    lambda key: read_all(reader.mount, {key: files[key]}), sorted(files)
+                ):
+                    problems.extend(found)
+
+        def serving_process_answered_a_peer_read() -> bool:
+            read_with_16_readers()
+            return reader.status()["fuse_fast_read"]["serving_peer_reads"] > 0
+
+        wait_for(serving_process_answered_a_peer_read, "a peer READ answered by a clone")
+        assert problems == []
+        # (Its connection may be gone by now: an owner that fetches from the store on a
+        # loaded machine can miss the 1 s peer timeout, which cools it down: no error either.)
+        status = reader.status()
+        assert status["fuse_processes"]["deaths"] == 0
+        text = cli_status_text(reader)  # `cachefs status` says so
+        assert re.search(r"READs answered in C by them \(\d+ of other workers' blocks, on \d+ "
+                         r"connections of theirs\)", text), text  # fmt: skip
     finally:
         cluster.cleanup()

@@ -174,6 +174,8 @@ def test_sixteen_readers_through_eviction_refresh_and_removal_get_only_right_byt
             metrics, figures = worker.client.metrics(), serving(worker)
             assert "cachefs_fuse_fast_reads_by_serving_processes_total" in metrics
             assert f"cachefs_fuse_processes {float(processes)}" in metrics
+            peer_connections = float(figures["peer_connections"])  # one worker: no peers
+            assert f"cachefs_fuse_serving_peer_connections {peer_connections}" in metrics
             for op, count in figures["forwarded"].items():
                 line = f'cachefs_fuse_forwarded_requests_total{{op="{op}"}} {float(count)}'
                 assert line in metrics

@@ -81,6 +81,16 @@ def test_worker_counters_and_delta():
     assert delta["served_peer"] == 300
     assert delta["peer_req_ok"] == 3  # appeared only after
     assert delta["store_gets"] == 2
+    assert delta["serving_reads"] == delta["forwarded_reads"] == 0  # one process
+
+
+def test_worker_counters_of_a_mount_served_by_several_processes():
+    status = _status(ram=1000)
+    status["fuse_fast_read"] = {"reads": 90, "serving_reads": 40, "serving_peer_reads": 25}
+    status["fuse_processes"] = {"forwarded": {"read": 7, "lookup": 3}}
+    counters = worker_counters(status)
+    assert (counters["serving_reads"], counters["serving_peer_reads"]) == (40, 25)
+    assert counters["forwarded_reads"] == 7
 
 
 def _locality(cached: dict[str, int]) -> dict:

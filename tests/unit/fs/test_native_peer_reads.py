@@ -9,6 +9,9 @@ tests/e2e/cluster/test_native_peer_reads.py (owners that misbehave, stop or hang
 
 from __future__ import annotations
 
+import os
+import socket
+
 import pytest
 import trio
 import trio.testing
@@ -168,3 +171,60 @@ async def test_what_c_reports_closes_the_connection_and_cools_the_owner(cache, r
             nursery.cancel_scope.cancel()
     assert table.closed == [(0, False)]  # closed while serving: its READs went to Python
     assert served_in_python == ([] if report[1] == "none" and fault else [1])
+
+
+class RecordingSharing:
+    """The serving processes (ConnectionSharing; the real one, ReplicatedTable, is tested in
+    tests/unit/fs/test_serving.py and with real serving processes in
+    tests/e2e/cluster/test_native_peer_reads.py): ``wanted`` connections per link, each
+    handed over recorded with the routes the worker had registered by then."""
+
+    def __init__(self, table: ScriptedTable, wanted: int) -> None:
+        self._table = table
+        self.wanted = wanted
+        self.shared: list[tuple[int, str, int, int]] = []  # (link, address, routes then, peer)
+        self.fault_handler = None
+
+    def link_of(self, slot: int) -> int:
+        return 100 + slot
+
+    def connections_wanted(self, link: int) -> bool:
+        return self.wanted > 0
+
+    def share_connection(self, link: int, address: str, sock_fd: int, timeout_s: float) -> bool:
+        with socket.socket(fileno=os.dup(sock_fd)) as conn:
+            peer = conn.getpeername()[1]  # a live connection
+        self.shared.append((link, address, len(self._table.routes), peer))
+        self.wanted -= 1
+        return True
+
+    def handle_link_faults(self, callback) -> None:
+        self.fault_handler = callback
+
+
+async def test_serving_processes_get_connections_of_their_own_before_the_routes(cache):
+    table = ScriptedTable()
+    sharing = RecordingSharing(table, wanted=2)
+    async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
+        reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
+        native = NativePeerReads(
+            table, reader, peers, timeout_s=2.0, largest_read=lambda: LARGEST_READ,
+            sharing=sharing,
+        )  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            await nursery.start(native.run)
+            native.route(10, source(), version(1000))
+            await wait_until(lambda: native.connections == 1)
+            # Two more handshaken connections, each handed over before any route was made.
+            assert [(link, at, routes) for link, at, routes, _ in sharing.shared] == [
+                (100, address, 0), (100, address, 0)]  # fmt: skip
+            assert sharing.shared[0][3] == int(address.rpartition(":")[2])
+            assert [r[0] for r in table.routes] == [10]
+            sharing.wanted = 1  # a serving process started later: served at the next wake-up
+            await wait_until(lambda: len(sharing.shared) == 3)
+            assert not peers.is_cooling(address)
+            sharing.fault_handler(address, 6)  # one's connection failed: the owner cools down
+            assert peers.is_cooling(address)
+            await wait_until(lambda: not native.connections)  # and this one closes too
+            nursery.cancel_scope.cancel()
+    assert table.closed == [(0, False)]

@@ -59,6 +59,17 @@ class RecordingTable:
     def register_peer_name(self, ino: int, identity: bytes) -> bool:
         return self._record("register_peer_name", ino, identity)
 
+    def peer_open(self, sock_fd: int, max_length: int) -> int:
+        self._record("peer_open", sock_fd, max_length)
+        return 0  # the binding reuses a closed slot: always 0 here
+
+    def peer_route(self, *args: Any) -> bool:
+        return self._record("peer_route", *args)
+
+    def peer_close(self, slot: int, fail: bool) -> list[str]:
+        self._record("peer_close", slot, fail)
+        return ["a READ handed back"]
+
     def stats(self) -> dict[str, int]:
         return dict(self._stats)
 
@@ -77,6 +88,7 @@ class Replica:
     def __init__(self, stats: dict[str, int]) -> None:
         self.worker_end, self._end = socket.socketpair()
         self.applied: list[tuple[str, tuple[Any, ...]]] = []
+        self.fds: list[int] = []  # descriptors that came with the changes (SCM_RIGHTS)
         self._stats = stats
         self._thread = threading.Thread(target=self._apply, daemon=True)
         self._thread.start()
@@ -87,8 +99,10 @@ class Replica:
     def _apply(self) -> None:
         try:
             while True:
-                function, args, wants_answer = receive_frame(self._end)
+                fds: list[int] = []
+                function, args, wants_answer = receive_frame(self._end, fds)
                 self.applied.append((function, args))
+                self.fds.extend(fds)
                 if wants_answer:
                     value = self._stats if function == "fast_read_stats" else None
                     self._end.sendall(frame((True, value)))
@@ -102,6 +116,8 @@ class Replica:
         self.process.kill()
         self.process.wait(WAIT_S)
         os.close(self.pidfd)
+        for fd in self.fds:
+            os.close(fd)
 
 
 @pytest.fixture
@@ -161,17 +177,22 @@ def test_what_the_worker_table_refuses_is_not_sent_and_peer_paths_stay_local(rep
 
 
 def test_stats_sum_the_work_of_every_process_and_keep_the_worker_sizes(replicas):
-    table = ReplicatedTable(RecordingTable({"reads": 10, "blocks": 100, "max_read": 1 << 20}))
-    replica = replicas({"reads": 5, "blocks": 90, "max_read": 1 << 20, "open_files": 3})
+    worker = {"reads": 10, "peer_reads": 4, "blocks": 100, "max_read": 1 << 20}
+    table = ReplicatedTable(RecordingTable(worker))
+    replica = replicas(
+        {"reads": 5, "peer_reads": 2, "blocks": 90, "max_read": 1 << 20, "open_files": 3}
+    )
     table.attach(replica.worker_end, replica.process.pid, replica.pidfd)
     stats = table.stats()
     assert stats == {
         "reads": 15,
+        "peer_reads": 6,
         "blocks": 100,  # a copy of the worker's table, not more blocks
         "max_read": 1 << 20,
         "open_files": 3,
         "serving_processes": 2,
         "serving_reads": 5,
+        "serving_peer_reads": 2,
     }
 
 
@@ -228,3 +249,64 @@ def test_a_replica_whose_answer_is_not_one_is_killed(replicas):
         os.close(pidfd)
         worker_end.close()
         replica_end.close()
+
+
+def test_each_replica_gets_a_connection_of_its_own_and_the_routes_made_on_it(replicas):
+    """The worker's peer connections (NativePeerReads over ReplicatedTable): a connection
+    handed to each replica (its descriptor over SCM_RIGHTS), routes only to replicas that hold
+    the link, closes everywhere; a slot the binding reuses is a new link; a replica's report
+    of a failed link reaches the fault handler with the owner's address."""
+    table = ReplicatedTable(RecordingTable({}))
+    first, second = replicas(), replicas()
+    first_replica = table.attach(first.worker_end, first.process.pid, first.pidfd)
+    table.attach(second.worker_end, second.process.pid, second.pidfd)
+    faults: list[tuple[str, int]] = []
+    table.handle_link_faults(lambda address, fault: faults.append((address, fault)))
+    owner_end, worker_end = socket.socketpair()  # stands for a handshaken connection
+    try:
+        assert table.peer_open(worker_end.fileno(), 1 << 20) == 0
+        link = table.link_of(0)
+        assert link > 0 and table.connections_wanted(link)
+        assert table.share_connection(link, "127.0.0.3:7000", worker_end.fileno(), 2.0)
+        assert table.connections_wanted(link)  # the second has none yet
+        assert table.peer_route(5, 0, b"frame", 100) is True  # reaches the first only
+        assert table.share_connection(link, "127.0.0.3:7000", worker_end.fileno(), 2.0)
+        assert not table.connections_wanted(link)
+        assert not table.share_connection(link, "127.0.0.3:7000", worker_end.fileno(), 2.0)
+        assert table.shared_connections() == 2
+        assert table.peer_route(6, 0, b"frame", 100) is True
+        table.forget_inodes(5, 5)  # answered: both have applied everything before it
+        assert first.applied == [
+            ("peer_open", (link, 1 << 20, 2.0)),
+            ("peer_route", (5, link, b"frame", 100)),
+            ("peer_route", (6, link, b"frame", 100)),
+            ("fast_read_forget_inodes", (5, 5)),
+        ]
+        assert second.applied == [
+            ("peer_open", (link, 1 << 20, 2.0)),
+            ("peer_route", (6, link, b"frame", 100)),
+            ("fast_read_forget_inodes", (5, 5)),
+        ]
+        # The descriptor each got is the connection itself.
+        assert len(first.fds) == 1 and len(second.fds) == 1
+        os.write(first.fds[0], b"from the replica")
+        assert owner_end.recv(100) == b"from the replica"
+        # The first closed its connection (a wrong checksum): the owner is to cool down, and
+        # the first may be given another.
+        table.link_closed(first_replica, link, 6)
+        assert faults == [("127.0.0.3:7000", 6)]
+        assert table.connections_wanted(link)
+        assert table.peer_close(0, False) == ["a READ handed back"]
+        table.forget_file(1)
+        assert first.applied[-1] == ("fast_read_forget_file", (1,))  # it had none to close
+        assert second.applied[-2:] == [("peer_close", (link,)), ("fast_read_forget_file", (1,))]
+        assert not table.connections_wanted(link)
+        table.link_closed(first_replica, link, 6)  # a late report of a closed link: nothing
+        assert len(faults) == 1
+        assert table.shared_connections() == 0
+        # The binding reuses slot 0: a new link, which no replica holds yet.
+        assert table.peer_open(worker_end.fileno(), 1 << 20) == 0
+        assert table.link_of(0) != link and table.connections_wanted(table.link_of(0))
+    finally:
+        owner_end.close()
+        worker_end.close()

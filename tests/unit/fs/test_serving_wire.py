@@ -8,7 +8,14 @@ import threading
 
 import pytest
 
-from cachefs.fs.serving_wire import MAX_FRAME, FrameError, FrameReader, frame, receive_frame
+from cachefs.fs.serving_wire import (
+    MAX_FRAME,
+    FrameError,
+    FrameReader,
+    frame,
+    receive_frame,
+    send_frame_with_fd,
+)
 
 MESSAGES = [
     (0, "lookup", (1 << 40, b"caf\xc3\xa9 \n/..\x00x")),
@@ -61,3 +68,26 @@ def test_a_length_past_the_limit_on_a_socket_raises():
         theirs.sendall(struct.pack("<I", MAX_FRAME + 1))
         with pytest.raises(FrameError):
             receive_frame(ours)
+
+
+def test_a_descriptor_passed_with_a_frame_arrives_with_that_frame_only():
+    """peer_open's connection (SCM_RIGHTS) comes with its own frame, between others."""
+    ours, theirs = socket.socketpair()
+    owner, connection = socket.socketpair()  # stands for a connection to an owner
+    try:
+        ours.sendall(frame(("peer_route", (1, 1, b"f", 9), False)))
+        send_frame_with_fd(ours, ("peer_open", (3, 1 << 20, 2.0), False), connection.fileno())
+        ours.sendall(frame(("peer_close", (3,), False)))
+        got = []
+        for _ in range(3):
+            fds: list[int] = []
+            got.append((receive_frame(theirs, fds)[0], fds))
+        assert [(name, len(fds)) for name, fds in got] == [
+            ("peer_route", 0), ("peer_open", 1), ("peer_close", 0)]  # fmt: skip
+        received = socket.socket(fileno=got[1][1][0])
+        with received:  # a duplicate of the same connection
+            received.sendall(b"ping")
+            assert owner.recv(4) == b"ping"
+    finally:
+        for sock in (ours, theirs, owner, connection):
+            sock.close()
