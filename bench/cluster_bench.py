@@ -1285,15 +1285,20 @@ def render_markdown(results: dict) -> str:
             f"| {_peer_reads_ok(dd):,} | {r['store_gets_all_nodes']:,} "
             f"| {_worker_cpu(r.get('worker_cpu_ms_per_file'))} | {r['cpu_busy_before']:.0%} |"
         )
-    serving_passes = [r for r in results["reads"] if r["delta"].get("serving_reads")]
+    serving_passes = [
+        r
+        for r in results["reads"]
+        if r["delta"].get("serving_reads") or r["delta"].get("serving_peer_reads")
+    ]
     if serving_passes:  # --fuse-processes above 1
         lines += [
             "",
-            "READs the serving processes answered in C (of them, of other workers' blocks, on "
-            "connections of their own) and handed to the worker, per pass: "
+            "READs the serving processes answered in C, of blocks in their node's tiers + of "
+            "other workers' blocks (sent on connections of their own), and READs they handed to "
+            "the worker, per pass: "
             + "; ".join(
-                f"{r['node']} {r['kind']} {r['delta']['serving_reads']:,} "
-                f"({r['delta'].get('serving_peer_reads', 0):,}), "
+                f"{r['node']} {r['kind']} {r['delta'].get('serving_reads', 0):,} + "
+                f"{r['delta'].get('serving_peer_reads', 0):,}, "
                 f"{r['delta'].get('forwarded_reads', 0):,} forwarded"
                 for r in serving_passes
             ),

@@ -154,9 +154,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"fuse processes: {serving['processes']} (serving processes "
                 f"{' '.join(map(str, serving['pids'])) or 'none now'}; {serving['deaths']} "
                 f"died and were replaced); {fast.get('serving_reads', 0)} of the READs answered "
-                f"in C by them ({fast.get('serving_peer_reads', 0)} of other workers' blocks, on "
-                f"{serving.get('peer_connections', 0)} connections of theirs); forwarded to the "
-                f"worker: {forwarded or 'nothing'}"
+                f"in C by them, and {fast.get('serving_peer_reads', 0)} of other workers' blocks "
+                f"(on {serving.get('peer_connections', 0)} connections of theirs); forwarded to "
+                f"the worker: {forwarded or 'nothing'}"
             )
         if fast.get("passthrough"):
             print(

@@ -162,7 +162,7 @@ class ReplicatedTable:
         sock.settimeout(TABLE_ANSWER_TIMEOUT_S)
         with self._lock:
             for function, args in self._configured:
-                self._send_to(replica, function, args)
+                self._send_to([replica], function, args)
             if not replica.dead:
                 self._replicas.append(replica)
         return replica
@@ -173,14 +173,22 @@ class ReplicatedTable:
             if replica in self._replicas:
                 self._replicas.remove(replica)
 
-    def _send_to(self, replica: _Replica, function: str, args: tuple[Any, ...]) -> None:
+    def _send_to(self, replicas: list[_Replica], function: str, args: tuple[Any, ...]) -> None:
+        """Send a change that is not answered to each of ``replicas`` (framed once)."""
+        if not replicas:
+            return
         try:
-            replica.send((function, args, False))
-        except OSError as exc:  # gone, or its channel full for TABLE_ANSWER_TIMEOUT_S
-            self._lose(replica, f"{function}: {exc}")
-        except Exception:  # a change it cannot be sent: its table would differ from ours
+            data = frame((function, args, False))
+        except Exception:  # a change that cannot be sent: their tables would differ from ours
             log.exception("table change %s could not be sent", function)
-            self._lose(replica, f"{function} not sent")
+            for replica in replicas:
+                self._lose(replica, f"{function} not sent")
+            return
+        for replica in replicas:
+            try:
+                replica.sock.sendall(data)
+            except OSError as exc:  # gone, or its channel full for TABLE_ANSWER_TIMEOUT_S
+                self._lose(replica, f"{function}: {exc}")
 
     def _ask(self, replica: _Replica, function: str, args: tuple[Any, ...]) -> Any:
         """Its answer, or None once it is lost (killed: it did not answer, or not as it must;
@@ -201,8 +209,7 @@ class ReplicatedTable:
         replica.kill()
 
     def _everywhere(self, function: str, args: tuple[Any, ...]) -> None:
-        for replica in list(self._replicas):
-            self._send_to(replica, function, args)
+        self._send_to(list(self._replicas), function, args)
 
     def _applied_everywhere(self, function: str, args: tuple[Any, ...]) -> None:
         """Send and wait for each to have applied it (or to be dead)."""
@@ -263,9 +270,10 @@ class ReplicatedTable:
 
     def stats(self) -> dict[str, int]:
         """The counters of every process's table summed (sizes and limits: the worker's, see
-        _NOT_SUMMED), with ``serving_processes`` the processes counted, ``serving_reads`` and
-        ``serving_peer_reads`` the READs (and of them, peer READs) the serving processes
-        answered."""
+        _NOT_SUMMED), with ``serving_processes`` the processes counted, ``serving_reads`` the
+        READs the serving processes answered from the table's blocks and
+        ``serving_peer_reads`` those they answered from other workers' (``reads`` and
+        ``peer_reads`` count all processes')."""
         with self._lock:
             totals = dict(self._local.stats())
             counted = 1
@@ -282,7 +290,7 @@ class ReplicatedTable:
                         totals[key] = totals.get(key, 0) + value
         totals["serving_processes"] = counted
         totals["serving_reads"] = serving_reads  # of the reads, those the clones answered
-        totals["serving_peer_reads"] = serving_peer_reads  # and of the peer reads
+        totals["serving_peer_reads"] = serving_peer_reads  # and of the peer reads, theirs
         return totals
 
     # --- peer reads (cachefs/fs/native_peer_reads.py) -----------------------------------------
@@ -307,9 +315,8 @@ class ReplicatedTable:
             routed = bool(self._local.peer_route(ino, slot, request, length))
             link = self._links.get(slot)
             if routed and link is not None:
-                for replica in list(self._replicas):
-                    if link.id in replica.links:
-                        self._send_to(replica, "peer_route", (ino, link.id, request, length))
+                holding = [r for r in self._replicas if link.id in r.links]
+                self._send_to(holding, "peer_route", (ino, link.id, request, length))
         return routed
 
     def peer_close(self, slot: int, fail: bool) -> Any:
@@ -318,10 +325,10 @@ class ReplicatedTable:
             link = self._links.pop(slot, None)
             if link is not None:
                 del self._by_id[link.id]
-                for replica in list(self._replicas):
-                    if link.id in replica.links:
-                        replica.links.discard(link.id)
-                        self._send_to(replica, "peer_close", (link.id,))
+                holding = [r for r in self._replicas if link.id in r.links]
+                for replica in holding:
+                    replica.links.discard(link.id)
+                self._send_to(holding, "peer_close", (link.id,))
         return handed_back
 
     def link_of(self, slot: int) -> int:

@@ -15,6 +15,7 @@ import resource
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -381,14 +382,36 @@ def tmpfs_used(path: str) -> int:
     return (stats.f_blocks - stats.f_bfree) * stats.f_frsize
 
 
-def test_sixteen_readers_through_eviction_refresh_and_removal_get_only_right_bytes(
-    tmp_path, fast_read, own_tmpfs
-):
+class ChurnOutcome:
+    """What :func:`sixteen_readers_through_churn` saw."""
+
+    def __init__(self) -> None:
+        self.wrong: list[str] = []  # reads that returned bytes the source never held
+        self.errors: list[str] = []  # reads that failed where none may
+        self.reads_done = 0
+        self.peak_in_tier = 0  # the most the tier's tmpfs held at any check
+        self.peak_fds: dict[int, int] = {}  # the most descriptors of each pid at any check
+
+    def check(self, worker: WorkerProcess, capacity: int, pids: list[int]) -> None:
+        """Every byte right, no unexpected error, the tier within its capacity, no process
+        holding a removed block file open."""
+        assert not self.wrong, self.wrong[:5]
+        assert not self.errors, self.errors[:5]
+        assert self.reads_done > 500
+        assert self.peak_in_tier <= capacity
+        for pid in pids:
+            deleted = [t for t in worker_fds(pid) if "(deleted)" in t and worker.ram_dir in t]
+            assert not deleted, (pid, deleted)
+        assert worker.status()["cache"]["evicted"] > 0
+
+
+def sixteen_readers_through_churn(
+    tmp_path, start: Callable[..., WorkerProcess], own_tmpfs: str
+) -> tuple[WorkerProcess, ChurnOutcome, int]:
     """A 4 MiB RAM tier under LRU admission and ~9 MB of files: blocks are evicted all the
     time while 16 readers read (page cache dropped in between), one file is refreshed twice,
-    and a second dataset is removed. Every byte a reader gets is the source's; the memory the
-    tier's tmpfs holds never exceeds its capacity; the worker's descriptors stay bounded and
-    none is left on a removed block file."""
+    and a second dataset is removed. ``start(**options)`` starts the worker; returns it (the
+    caller checks and cleans it up), what the readers saw and the tier's capacity."""
     rng = random.Random(1616)
     versions = [b"A" * 150_000, b"B" * 170_000, b"C" * 90_000]  # the changing file, in turn
     main = {f"m/{i}.bin": rng.randbytes(rng.randint(50_000, 200_000)) for i in range(60)}
@@ -396,87 +419,97 @@ def test_sixteen_readers_through_eviction_refresh_and_removal_get_only_right_byt
     make_source(tmp_path / "main", {**main, "changing.bin": versions[0]})
     make_source(tmp_path / "other", other)
     capacity = 4 << 20
-    worker = WorkerProcess(
-        str(tmp_path / "w"),
-        ram="4MiB",
-        admission="lru",
-        ram_dir=own_tmpfs,
-        extra_args=("--fuse-fast-read", fast_read),
-    ).start()
-    pid = worker.status()["pid"]
-    worker.add_dataset("main", f"file://{tmp_path / 'main'}", block_size=BLOCK)
-    worker.add_dataset("other", f"file://{tmp_path / 'other'}", block_size=BLOCK)
-    wrong: list[str] = []
-    errors: list[str] = []
-    stop = threading.Event()
-    reads_done = [0]
-
-    def reader(seed: int) -> None:
-        pick = random.Random(seed)
-        while not stop.is_set():
-            roll = pick.random()
-            if roll < 0.1:
-                name, allowed = "changing.bin", versions
-                path = worker.path("main", name)
-            elif roll < 0.3:
-                name = pick.choice(sorted(other))
-                path, allowed = worker.path("other", name), [other[name]]
-            else:
-                name = pick.choice(sorted(main))
-                path, allowed = worker.path("main", name), [main[name]]
-            try:
-                got = read_whole(path)
-            except OSError as exc:
-                # Expected failures only: the changing file between its rewrite in the source
-                # and the refresh (EIO: the snapshot's version is gone from the store), and the
-                # removed dataset (its files vanish).
-                if not (name == "changing.bin" or "other" in path):
-                    errors.append(f"{path}: {exc}")
-                continue
-            if got not in allowed:
-                wrong.append(f"{path}: {len(got)} bytes, not the source's")
-            reads_done[0] += 1
-
-    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(16)]
-    peak_in_tier = peak_fds = 0
+    worker = start(ram="4MiB", admission="lru", ram_dir=own_tmpfs)
+    pids = [worker.status()["pid"], *sorted((worker.status()["fuse_processes"] or {}).get(
+        "pids", []))]  # fmt: skip
+    outcome = ChurnOutcome()
     try:
-        for thread in threads:
-            thread.start()
+        worker.add_dataset("main", f"file://{tmp_path / 'main'}", block_size=BLOCK)
+        worker.add_dataset("other", f"file://{tmp_path / 'other'}", block_size=BLOCK)
+        stop = threading.Event()
 
-        def churn(rounds: int) -> None:
-            nonlocal peak_in_tier, peak_fds
-            for _ in range(rounds):
-                target = reads_done[0] + 40
-                wait_for(lambda t=target: reads_done[0] >= t or stop.is_set(), "40 more reads")
-                drop_pages_keep_dentries()
-                peak_in_tier = max(peak_in_tier, tmpfs_used(own_tmpfs))
-                peak_fds = max(peak_fds, len(worker_fds(pid)))
+        def reader(seed: int) -> None:
+            pick = random.Random(seed)
+            while not stop.is_set():
+                roll = pick.random()
+                if roll < 0.1:
+                    name, allowed = "changing.bin", versions
+                    path = worker.path("main", name)
+                elif roll < 0.3:
+                    name = pick.choice(sorted(other))
+                    path, allowed = worker.path("other", name), [other[name]]
+                else:
+                    name = pick.choice(sorted(main))
+                    path, allowed = worker.path("main", name), [main[name]]
+                try:
+                    got = read_whole(path)
+                except OSError as exc:
+                    # Expected failures only: the changing file between its rewrite in the
+                    # source and the refresh (EIO: the snapshot's version is gone from the
+                    # store), and the removed dataset (its files vanish).
+                    if not (name == "changing.bin" or "other" in path):
+                        outcome.errors.append(f"{path}: {exc}")
+                    continue
+                if got not in allowed:
+                    outcome.wrong.append(f"{path}: {len(got)} bytes, not the source's")
+                outcome.reads_done += 1
 
-        churn(5)
-        for version in versions[1:]:
-            (tmp_path / "main" / "changing.bin").write_bytes(version)
-            assert worker.client.refresh_dataset("main")["changed"] == 1
-            churn(3)
-        worker.client.remove_dataset("other")
-        churn(5)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(WAIT_S)
+        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(16)]
         try:
-            assert not wrong, wrong[:5]
-            assert not errors, errors[:5]
-            assert reads_done[0] > 500
-            assert peak_in_tier <= capacity
-            assert peak_fds < 400  # sockets, LMDB, /dev/fuse, the bounded block-file table
-            deleted = [t for t in worker_fds(pid) if "(deleted)" in t and worker.ram_dir in t]
-            assert not deleted
-            stats = native_stats(worker)
-            if fast_read == "on":
-                assert stats["reads"] > 0 and stats["corrupt"] == 0
-            assert worker.status()["cache"]["evicted"] > 0
+            for thread in threads:
+                thread.start()
+
+            def churn(rounds: int) -> None:
+                for _ in range(rounds):
+                    target = outcome.reads_done + 40
+                    wait_for(lambda t=target: outcome.reads_done >= t or stop.is_set(),
+                             "40 more reads")  # fmt: skip
+                    drop_pages_keep_dentries()
+                    outcome.peak_in_tier = max(outcome.peak_in_tier, tmpfs_used(own_tmpfs))
+                    for pid in pids:
+                        fds = len(worker_fds(pid))
+                        outcome.peak_fds[pid] = max(outcome.peak_fds.get(pid, 0), fds)
+
+            churn(5)
+            for version in versions[1:]:
+                (tmp_path / "main" / "changing.bin").write_bytes(version)
+                assert worker.client.refresh_dataset("main")["changed"] == 1
+                churn(3)
+            worker.client.remove_dataset("other")
+            churn(5)
         finally:
-            worker.cleanup()
+            stop.set()
+            for thread in threads:
+                thread.join(WAIT_S)
+    except BaseException:
+        worker.cleanup()
+        raise
+    return worker, outcome, capacity
+
+
+def test_sixteen_readers_through_eviction_refresh_and_removal_get_only_right_bytes(
+    tmp_path, fast_read, own_tmpfs
+):
+    """:func:`sixteen_readers_through_churn`: every byte a reader gets is the source's; the
+    memory the tier's tmpfs holds never exceeds its capacity; the worker's descriptors stay
+    bounded and none is left on a removed block file. (The same with serving processes:
+    tests/e2e/fs/test_serving_processes.py.)"""
+
+    def start(**options) -> WorkerProcess:
+        return WorkerProcess(
+            str(tmp_path / "w"), extra_args=("--fuse-fast-read", fast_read), **options
+        ).start()
+
+    worker, outcome, capacity = sixteen_readers_through_churn(tmp_path, start, own_tmpfs)
+    try:
+        pid = worker.status()["pid"]
+        outcome.check(worker, capacity, [pid])
+        assert outcome.peak_fds[pid] < 400  # sockets, LMDB, /dev/fuse, the bounded table
+        stats = native_stats(worker)
+        if fast_read == "on":
+            assert stats["reads"] > 0 and stats["corrupt"] == 0
+    finally:
+        worker.cleanup()
 
 
 @pytest.mark.skipif(FAST_READ_SUPPORTED, reason="checks what a stock pyfuse3 says")

@@ -19,12 +19,10 @@ from cachefs.fs.fuse_ops import CLONES_SUPPORTED
 from tests.e2e.fs.test_native_reads import (
     BLOCK,
     cli_status_text,
-    drop_pages_keep_dentries,
     make_source,
     own_tmpfs,  # noqa: F401 (a fixture)
     read_whole,
-    tmpfs_used,
-    worker_fds,
+    sixteen_readers_through_churn,
 )
 from tests.waiting import WAIT_S, wait_for
 from tests.worker_process import WorkerProcess, drop_page_cache
@@ -86,85 +84,16 @@ def test_sixteen_readers_through_eviction_refresh_and_removal_get_only_right_byt
     processes,
     own_tmpfs,  # noqa: F811 (the fixture)
 ):
-    """A 4 MiB RAM tier under LRU admission and ~9 MB of files, served by ``processes``
-    processes: blocks are evicted all the time while 16 readers read (page cache dropped in
-    between), one file is refreshed twice and a second dataset removed. Every byte a reader
-    gets is the source's; the tier never holds more than its capacity (every process closes a
-    block file before its space is released); the serving processes answer READs in C."""
-    rng = random.Random(1818)
-    versions = [b"A" * 150_000, b"B" * 170_000, b"C" * 90_000]
-    main = {f"m/{i}.bin": rng.randbytes(rng.randint(50_000, 200_000)) for i in range(60)}
-    other = {f"o/{i}.bin": rng.randbytes(rng.randint(50_000, 120_000)) for i in range(12)}
-    make_source(tmp_path / "main", {**main, "changing.bin": versions[0]})
-    make_source(tmp_path / "other", other)
-    capacity = 4 << 20
-    worker = start_worker(tmp_path, processes, ram="4MiB", admission="lru", ram_dir=own_tmpfs)
-    pids = [worker.status()["pid"], *serving_pids(worker)]
-    worker.add_dataset("main", f"file://{tmp_path / 'main'}", block_size=BLOCK)
-    worker.add_dataset("other", f"file://{tmp_path / 'other'}", block_size=BLOCK)
-    wrong: list[str] = []
-    errors: list[str] = []
-    stop = threading.Event()
-    reads_done = [0]
-
-    def reader(seed: int) -> None:
-        pick = random.Random(seed)
-        while not stop.is_set():
-            roll = pick.random()
-            if roll < 0.1:
-                name, allowed = "changing.bin", versions
-                path = worker.path("main", name)
-            elif roll < 0.3:
-                name = pick.choice(sorted(other))
-                path, allowed = worker.path("other", name), [other[name]]
-            else:
-                name = pick.choice(sorted(main))
-                path, allowed = worker.path("main", name), [main[name]]
-            try:
-                got = read_whole(path)
-            except OSError as exc:
-                # Expected only for the changing file between its rewrite and the refresh, and
-                # for the removed dataset.
-                if not (name == "changing.bin" or "other" in path):
-                    errors.append(f"{path}: {exc}")
-                continue
-            if got not in allowed:
-                wrong.append(f"{path}: {len(got)} bytes, not the source's")
-            reads_done[0] += 1
-
-    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(16)]
-    peak_in_tier = 0
+    """tests/e2e/fs/test_native_reads.py's churn (evictions all the time under 16 readers,
+    a file refreshed twice, a dataset removed) served by ``processes`` processes: every byte a
+    reader gets is the source's; the tier never holds more than its capacity (every process
+    closes a block file before its space is released); the serving processes answer READs in
+    C."""
+    worker, outcome, capacity = sixteen_readers_through_churn(
+        tmp_path, lambda **options: start_worker(tmp_path, processes, **options), own_tmpfs
+    )
     try:
-        for thread in threads:
-            thread.start()
-
-        def churn(rounds: int) -> None:
-            nonlocal peak_in_tier
-            for _ in range(rounds):
-                target = reads_done[0] + 40
-                wait_for(lambda t=target: reads_done[0] >= t or stop.is_set(), "40 more reads")
-                drop_pages_keep_dentries()
-                peak_in_tier = max(peak_in_tier, tmpfs_used(own_tmpfs))
-
-        churn(5)
-        for version in versions[1:]:
-            (tmp_path / "main" / "changing.bin").write_bytes(version)
-            assert worker.client.refresh_dataset("main")["changed"] == 1
-            churn(3)
-        worker.client.remove_dataset("other")
-        churn(5)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(WAIT_S)
-    try:
-        assert not wrong, wrong[:5]
-        assert not errors, errors[:5]
-        assert reads_done[0] > 500
-        assert peak_in_tier <= capacity
-        for pid in pids:  # no process keeps a removed block file open
-            deleted = [t for t in worker_fds(pid) if "(deleted)" in t and worker.ram_dir in t]
-            assert not deleted, (pid, deleted)
+        outcome.check(worker, capacity, [worker.status()["pid"], *serving_pids(worker)])
         stats = worker.status()["fuse_fast_read"]
         assert stats["reads"] > 0 and stats["corrupt"] == 0
         if processes > 1:
@@ -180,7 +109,6 @@ def test_sixteen_readers_through_eviction_refresh_and_removal_get_only_right_byt
                 line = f'cachefs_fuse_forwarded_requests_total{{op="{op}"}} {float(count)}'
                 assert line in metrics
             assert serving(worker)["deaths"] == 0
-        assert worker.status()["cache"]["evicted"] > 0
     finally:
         worker.cleanup()
 
