@@ -168,8 +168,11 @@ class FileSystem:
         state remembered (the versions, the native table's entries of its inodes)."""
         self._versions.clear()
         self._generation += 1
+        lo, hi = slot << SLOT_SHIFT, ((slot + 1) << SLOT_SHIFT) - 1
+        if self.native_peers is not None:  # routes not yet registered (the table has the rest)
+            self.native_peers.forget_inodes(lo, hi)
         if self.native is not None:
-            self.native.forget_inodes(slot << SLOT_SHIFT, ((slot + 1) << SLOT_SHIFT) - 1)
+            self.native.forget_inodes(lo, hi)
 
     def global_ino(self, dataset: MountedDataset, local_ino: int) -> int:
         return dataset.slot << SLOT_SHIFT | local_ino

@@ -18,8 +18,9 @@ What this module does around that:
   cached, its first READ is the first request the worker sees of it), at a preload's
   ``prepare_reads`` and after a READ of it that Python served. Only files of one block no larger
   than the largest READ (a larger file would be fetched whole for each of its READs), only for
-  an owner that is not cooling down. Routes go with their inodes (a refresh, ``dataset rm``)
-  and with their connection.
+  an owner that is not cooling down. Routes go with their inodes (a refresh, ``dataset rm``:
+  :meth:`NativePeerReads.forget_inodes` for those still waiting for a connection) and with
+  their connection.
 * **Connections**: one per owner, opened on the first route to it (the routes asked for before
   it is up are registered once it is) with the block protocol's handshake
   (:meth:`PeerClient.open_stream`), so the version check and the bearer token are the Python
@@ -182,6 +183,15 @@ class NativePeerReads:
             owner.waiting.append((ino, frame, version.size))
             self._waiting_routes += 1
 
+    def forget_inodes(self, lo: int, hi: int) -> None:
+        """Drop the routes of inodes in [lo, hi] still waiting for their owner's connection (a
+        refresh or a removal: they name versions the new snapshot does not serve; those
+        registered already go with the table's own forget_inodes)."""
+        for owner in self._owners.values():
+            kept = [route for route in owner.waiting if not lo <= route[0] <= hi]
+            self._waiting_routes -= len(owner.waiting) - len(kept)
+            owner.waiting = kept
+
     @property
     def connections(self) -> int:
         """Connections handed to C now."""
@@ -205,6 +215,8 @@ class NativePeerReads:
             if self._sharing is not None:  # theirs first: the routes below reach them too
                 owner.link = self._sharing.link_of(slot)
                 await self._share(owner, owner.link)
+                if self._peers.is_cooling(owner.address):  # a share failed: none registered
+                    return
             owner.slot = slot
             for ino, frame, length in self._take_waiting(owner):
                 self._table.peer_route(ino, owner.slot, frame, length)

@@ -54,7 +54,13 @@ from typing import Any, Protocol
 import trio
 
 from cachefs.fs import fuse_ops
-from cachefs.fs.serving_wire import FrameReader, frame, receive_frame, send_frame_with_fd
+from cachefs.fs.serving_wire import (
+    PEER_ENDED_IDLE,
+    FrameReader,
+    frame,
+    receive_frame,
+    send_frame_with_fd,
+)
 
 log = logging.getLogger("cachefs.serving")
 
@@ -371,14 +377,17 @@ class ReplicatedTable:
         because it failed (serving_wire's ``peer_closed``)."""
         self._on_link_fault = callback
 
-    def link_closed(self, replica: _Replica, link_id: int, fault: int) -> None:
-        """A serving process closed its connection for ``link_id`` because it failed: the
-        owner is cooled down (which closes the link everywhere)."""
+    def link_closed(self, replica: _Replica, link_id: int, why: int) -> None:
+        """A serving process closed its connection for ``link_id`` itself: it wants another,
+        and unless the owner only closed an idle connection, the owner is cooled down (which
+        closes the link everywhere)."""
         with self._lock:
             replica.links.discard(link_id)
             link = self._by_id.get(link_id)
-        if link is not None and self._on_link_fault is not None:  # else closed here already
-            self._on_link_fault(link.address, fault)
+        if link is None or why == PEER_ENDED_IDLE:  # closed here already, or no failure
+            return
+        if self._on_link_fault is not None:
+            self._on_link_fault(link.address, why)
 
     def shared_connections(self) -> int:
         """The connections the serving processes hold to owners now."""

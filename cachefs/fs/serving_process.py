@@ -26,6 +26,7 @@ fraction of a second, so that a replacement serves soon after one dies.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
@@ -40,7 +41,13 @@ from typing import Any, Protocol, cast
 import pyfuse3
 import trio
 
-from cachefs.fs.serving_wire import PEER_TIMED_OUT, FrameReader, frame, receive_frame
+from cachefs.fs.serving_wire import (
+    PEER_ENDED_IDLE,
+    PEER_TIMED_OUT,
+    FrameReader,
+    frame,
+    receive_frame,
+)
 
 log = logging.getLogger("cachefs.serving")
 
@@ -202,17 +209,19 @@ class PeerLinks:
     handled in C; the READs C hands back (a refusal, a fault) go to the worker like any other.
 
     Opened and routed from the table thread, in the table channel's order (a route never
-    outlives the forget after it); closed only by the link's task, on the loop's thread, so a
-    slot the binding reuses is never read by two tasks. A link closed here (a fault, no answer
-    within the timeout, the owner hung up with READs pending) is reported to the worker
-    (``peer_closed``), which cools the owner down and closes everyone's connection to it. One
-    the owner closed while idle is not: the owner went away (owners close no idle connection),
-    and the worker's own connection to it ends too, which closes the link everywhere."""
+    outlives the forget after it); read and closed by the link's task, on the loop's thread.
+    The binding reuses a closed slot for the next connection, so ``_slots`` says which link
+    holds a slot, and every call that opens, routes on, reads or closes a slot is made under
+    ``_lock`` together with the change of ``_slots`` it implies: a route of a closed link never
+    lands on the connection that took its slot, and a task never closes another link's
+    connection. Each link closed here is reported to the worker (``peer_closed``): a fault or
+    no answer within the timeout cools the owner down, which closes everyone's connection to
+    it; a connection the owner closed while idle (PEER_ENDED_IDLE) is only replaced."""
 
     def __init__(self, worker: WorkerCalls) -> None:
         self._worker = worker
-        self._slots: dict[int, int] = {}  # link -> this process's slot (the table thread's)
         self._lock = threading.Lock()
+        self._slots: dict[int, int] = {}  # link -> the slot its connection holds now
         self._scopes: dict[int, trio.CancelScope] = {}  # link -> its task's (the loop's)
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
@@ -222,38 +231,48 @@ class PeerLinks:
             self._nursery = nursery
             self._token = trio.lowlevel.current_trio_token()
             task_status.started()
-            await trio.sleep_forever()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None  # ending: nothing more is started or handed back
 
     # --- from the table thread -----------------------------------------------------------
 
     def open(self, link: int, max_length: int, timeout_s: float, fd: int) -> None:
-        slot = _patched.fast_peer_open(fd, max_length)
+        with self._lock:
+            slot = _patched.fast_peer_open(fd, max_length)
+            if slot >= 0:
+                self._slots[link] = slot
         if slot < 0:  # not reported: the worker opens no other for it (it would fail again)
             log.warning("no free connection slot for a peer link: its READs go to the worker")
             os.close(fd)
             return
-        with self._lock:
-            self._slots[link] = slot
-        self._from_thread(self._start, link, slot, fd, timeout_s)
+        assert self._token is not None  # the table thread starts once run() has
+        try:
+            self._token.run_sync_soon(self._start, link, slot, fd, timeout_s)
+        except trio.RunFinishedError:  # the process is ending
+            self._close_slot(link, slot, ending=True)
+            os.close(fd)
 
     def route(self, ino: int, link: int, request: bytes, length: int) -> None:
         with self._lock:
             slot = self._slots.get(link)
-        if slot is not None:  # else closed here meanwhile: its READs go to the worker
-            _patched.fast_peer_route(ino, slot, request, length)
+            if slot is not None:  # else closed here already: its READs go to the worker
+                _patched.fast_peer_route(ino, slot, request, length)
 
     def close(self, link: int) -> None:
-        self._from_thread(self._cancel, link)
-
-    def _from_thread(self, function: Any, *args: Any) -> None:
-        assert self._token is not None  # the table thread starts once run() has
-        self._token.run_sync_soon(function, *args)
+        assert self._token is not None
+        with contextlib.suppress(trio.RunFinishedError):  # ending: every link is closed
+            self._token.run_sync_soon(self._cancel, link)
 
     # --- on the loop's thread ------------------------------------------------------------
 
     def _start(self, link: int, slot: int, fd: int, timeout_s: float) -> None:
+        if self._nursery is None:  # ending
+            self._serve_elsewhere(self._close_slot(link, slot, ending=True))
+            os.close(fd)
+            return
         scope = self._scopes[link] = trio.CancelScope()
-        assert self._nursery is not None
         self._nursery.start_soon(self._serve, link, slot, fd, timeout_s, scope)
 
     def _cancel(self, link: int) -> None:
@@ -264,35 +283,44 @@ class PeerLinks:
     async def _serve(
         self, link: int, slot: int, fd: int, timeout_s: float, scope: trio.CancelScope
     ) -> None:
-        fault: int | None = None  # why it was closed here, if it was
+        ended: int | None = None  # why it was closed here (not by the worker), if it was
         try:
             with scope:
-                fault = await self._receive(slot, fd, timeout_s)
+                ended = await self._receive(link, slot, fd, timeout_s)
         finally:
-            with self._lock:
-                del self._slots[link]
             del self._scopes[link]
             # Ending with the process: a READ handed back could not be answered.
             ending = trio.current_effective_deadline() == -math.inf
-            self._serve_elsewhere(_patched.fast_peer_close(slot, ending))
+            self._serve_elsewhere(self._close_slot(link, slot, ending))
             os.close(fd)
-        if fault is not None and self._nursery is not None:
-            self._nursery.start_soon(self._worker.call, "peer_closed", link, fault)
+        if ended is not None and self._nursery is not None:
+            self._nursery.start_soon(self._worker.call, "peer_closed", link, ended)
 
-    async def _receive(self, slot: int, fd: int, timeout_s: float) -> int | None:
-        """Have C handle the answers until the connection is done: why it failed (None: the
-        owner closed it while nothing was pending)."""
+    async def _receive(self, link: int, slot: int, fd: int, timeout_s: float) -> int:
+        """Have C handle the answers until the connection is done: why it ended (a CFR_PEER_*
+        fault, PEER_TIMED_OUT or PEER_ENDED_IDLE)."""
         tick = timeout_s / 4
         while True:
-            fault, handed_back, pending, oldest_age_s = _patched.fast_peer_receive(slot)
+            with self._lock:
+                fault, handed_back, pending, oldest_age_s = _patched.fast_peer_receive(slot)
+                if fault:  # C closed the slot: it is free for the next connection
+                    del self._slots[link]
             self._serve_elsewhere(handed_back)
             if fault:
-                return None if fault == _PEER_ENDED and not handed_back else fault
+                return PEER_ENDED_IDLE if fault == _PEER_ENDED and not handed_back else fault
             if pending and oldest_age_s >= timeout_s:
                 return PEER_TIMED_OUT
             wait = min(tick, timeout_s - oldest_age_s) if pending else tick
             with trio.move_on_after(wait):
                 await trio.lowlevel.wait_readable(fd)
+
+    def _close_slot(self, link: int, slot: int, ending: bool) -> list[_Read]:
+        """Close the link's slot if it still holds it: the READs pending on it (none if
+        ``ending``: they are answered EIO)."""
+        with self._lock:
+            if self._slots.pop(link, None) != slot:
+                return []  # closed by C already (a fault), perhaps taken by another since
+            return _patched.fast_peer_close(slot, ending)
 
     def _serve_elsewhere(self, handed_back: list[_Read]) -> None:
         """The READs C handed back, run as their Python handler (forwarded to the worker)."""

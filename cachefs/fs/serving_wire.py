@@ -15,8 +15,8 @@ Two channels per serving process, each a socketpair:
   (the worker's, never reused): ``peer_open (link, max_length, timeout_s)`` comes with the
   connection's socket (SCM_RIGHTS, :func:`send_frame_with_fd`), ``peer_route (ino, link, frame,
   length)`` and ``peer_close (link,)``. The serving process says on the calls channel when it
-  closed a link itself because it failed: ``peer_closed (link, fault)``, ``fault`` the
-  binding's CFR_PEER_* reason or :data:`PEER_TIMED_OUT`.
+  closed a link itself: ``peer_closed (link, why)``, ``why`` the binding's CFR_PEER_* fault,
+  :data:`PEER_TIMED_OUT` or :data:`PEER_ENDED_IDLE`.
 
 Kept free of pyfuse3 and trio: the serving process imports it before anything heavy.
 """
@@ -32,9 +32,12 @@ from typing import Any
 _LENGTH = struct.Struct("<I")
 #: The largest frame either side accepts (a READ's reply is at most 1 MiB, a listing page less).
 MAX_FRAME = 64 << 20
-#: ``peer_closed``'s fault for a link closed because an answer was not back within the timeout
-#: (the binding's CFR_PEER_* reasons are all above 0).
+#: ``peer_closed``'s reason for a link closed because an answer was not back within the
+#: timeout (the binding's CFR_PEER_* faults are all above 0).
 PEER_TIMED_OUT = 0
+#: ``peer_closed``'s reason for a connection the owner closed while nothing was pending on it:
+#: not a failure (the serving process is given another).
+PEER_ENDED_IDLE = -1
 #: Descriptors one receive takes at most (one frame carries one).
 _MAX_FDS = 4
 

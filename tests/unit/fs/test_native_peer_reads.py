@@ -228,3 +228,22 @@ async def test_serving_processes_get_connections_of_their_own_before_the_routes(
             await wait_until(lambda: not native.connections)  # and this one closes too
             nursery.cancel_scope.cancel()
     assert table.closed == [(0, False)]
+
+
+async def test_routes_waiting_for_their_connection_go_with_a_forget_of_their_inodes(cache):
+    """A refresh or removal while the owner's connection is being opened: the routes asked
+    for before it name versions no longer served, and are not registered once it is up."""
+    table = ScriptedTable()
+    async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
+        reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
+        native = NativePeerReads(
+            table, reader, peers, timeout_s=2.0, largest_read=lambda: LARGEST_READ
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(native.run)
+            for ino in (10, 11, 12):
+                native.route(ino, source(), version(1000))
+            native.forget_inodes(11, 12)  # before the connection is up: no checkpoint since
+            await wait_until(lambda: native.connections == 1)
+            assert [route[0] for route in table.routes] == [10]
+            nursery.cancel_scope.cancel()

@@ -16,7 +16,7 @@ import pytest
 
 from cachefs.fs import serving
 from cachefs.fs.serving import ReplicatedTable
-from cachefs.fs.serving_wire import frame, receive_frame
+from cachefs.fs.serving_wire import PEER_ENDED_IDLE, frame, receive_frame
 from tests.waiting import WAIT_S
 
 
@@ -303,10 +303,18 @@ def test_each_replica_gets_a_connection_of_its_own_and_the_routes_made_on_it(rep
         assert not table.connections_wanted(link)
         table.link_closed(first_replica, link, 6)  # a late report of a closed link: nothing
         assert len(faults) == 1
+        # An idle connection the owner closed: the replica wants another, no cool-down.
+        assert table.peer_open(worker_end.fileno(), 1 << 20) == 0
+        idle_link = table.link_of(0)
+        assert table.share_connection(idle_link, "127.0.0.3:7000", worker_end.fileno(), 2.0)
+        table.link_closed(first_replica, idle_link, PEER_ENDED_IDLE)
+        assert len(faults) == 1 and table.connections_wanted(idle_link)
+        table.peer_close(0, False)
         assert table.shared_connections() == 0
         # The binding reuses slot 0: a new link, which no replica holds yet.
         assert table.peer_open(worker_end.fileno(), 1 << 20) == 0
-        assert table.link_of(0) != link and table.connections_wanted(table.link_of(0))
+        assert table.link_of(0) not in (link, idle_link)
+        assert table.connections_wanted(table.link_of(0))
     finally:
         owner_end.close()
         worker_end.close()
