@@ -9,6 +9,7 @@ tests/e2e/cluster/test_native_peer_reads.py (owners that misbehave, stop or hang
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -86,30 +87,41 @@ def version(size: int, key: str = "dir/file.jpg") -> FileVersion:
     return FileVersion(key, '"etag"', size)
 
 
-async def test_small_files_of_another_owner_get_a_route_on_one_handshaken_connection(cache):
-    table = ScriptedTable()
+@contextlib.asynccontextmanager
+async def native_peer_reads(cache, table, sharing=None):
+    """A real owner (the block protocol's FakeOwner) that owns every file, a real peer client,
+    and NativePeerReads over ``table``: ``(address, peers, native)``, not yet running."""
     async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
         reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
         native = NativePeerReads(
-            table, reader, peers, timeout_s=2.0, largest_read=lambda: LARGEST_READ
-        )
-        async with trio.open_nursery() as nursery:
-            await nursery.start(native.run)
-            native.route(10, source(), version(1000))  # asked before the connection is up
-            native.route(11, source(), version(BLOCK))
-            native.route(12, source(), version(0))  # nothing to read
-            native.route(13, source(), version(BLOCK + 1))  # two blocks
-            await wait_until(lambda: native.connections == 1)
-            native.route(14, source(), version(5, key="k\udcff"))  # once it is up
-            assert len(table.opened) == 1  # one connection for all of them
-            assert [(r[0], r[3]) for r in table.routes] == [(10, 1000), (11, BLOCK), (14, 5)]
-            for _, slot, frame, length in table.routes:
-                head = frame[: wire.REQUEST.size]
-                _, request = wire.decode_request(head, frame[wire.REQUEST.size :])
-                assert (slot, request.index, request.length, length) == (0, 0, length, length)
-                assert not request.cached_only
-            assert request.key == "k\udcff"  # any key round-trips byte for byte
-            nursery.cancel_scope.cancel()
+            table, reader, peers, timeout_s=2.0, largest_read=lambda: LARGEST_READ,
+            sharing=sharing,
+        )  # fmt: skip
+        yield address, peers, native
+
+
+async def test_small_files_of_another_owner_get_a_route_on_one_handshaken_connection(cache):
+    table = ScriptedTable()
+    async with (
+        native_peer_reads(cache, table) as (_address, _peers, native),
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(native.run)
+        native.route(10, source(), version(1000))  # asked before the connection is up
+        native.route(11, source(), version(BLOCK))
+        native.route(12, source(), version(0))  # nothing to read
+        native.route(13, source(), version(BLOCK + 1))  # two blocks
+        await wait_until(lambda: native.connections == 1)
+        native.route(14, source(), version(5, key="k\udcff"))  # once it is up
+        assert len(table.opened) == 1  # one connection for all of them
+        assert [(r[0], r[3]) for r in table.routes] == [(10, 1000), (11, BLOCK), (14, 5)]
+        for _, slot, frame, length in table.routes:
+            head = frame[: wire.REQUEST.size]
+            _, request = wire.decode_request(head, frame[wire.REQUEST.size :])
+            assert (slot, request.index, request.length, length) == (0, 0, length, length)
+            assert not request.cached_only
+        assert request.key == "k\udcff"  # any key round-trips byte for byte
+        nursery.cancel_scope.cancel()
     assert table.closed == [(0, True)]  # stopping: pending READs answered EIO, not run
 
 
@@ -150,11 +162,7 @@ async def test_what_c_reports_closes_the_connection_and_cools_the_owner(cache, r
     async def handler() -> None:  # what a READ handed back runs (fuse_read_async)
         served_in_python.append(1)
 
-    async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
-        reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
-        native = NativePeerReads(
-            table, reader, peers, timeout_s=2.0, largest_read=lambda: LARGEST_READ
-        )
+    async with native_peer_reads(cache, table) as (address, peers, native):
         fault, handed, pending, age = report
         if fault:
             table.script = [(0, [], 0, 0.0), (fault, [handler()] if handed == "handed" else [],
@@ -205,28 +213,25 @@ class RecordingSharing:
 async def test_serving_processes_get_connections_of_their_own_before_the_routes(cache):
     table = ScriptedTable()
     sharing = RecordingSharing(table, wanted=2)
-    async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
-        reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
-        native = NativePeerReads(
-            table, reader, peers, timeout_s=2.0, largest_read=lambda: LARGEST_READ,
-            sharing=sharing,
-        )  # fmt: skip
-        async with trio.open_nursery() as nursery:
-            await nursery.start(native.run)
-            native.route(10, source(), version(1000))
-            await wait_until(lambda: native.connections == 1)
-            # Two more handshaken connections, each handed over before any route was made.
-            assert [(link, at, routes) for link, at, routes, _ in sharing.shared] == [
-                (100, address, 0), (100, address, 0)]  # fmt: skip
-            assert sharing.shared[0][3] == int(address.rpartition(":")[2])
-            assert [r[0] for r in table.routes] == [10]
-            sharing.wanted = 1  # a serving process started later: served at the next wake-up
-            await wait_until(lambda: len(sharing.shared) == 3)
-            assert not peers.is_cooling(address)
-            sharing.fault_handler(address, 6)  # one's connection failed: the owner cools down
-            assert peers.is_cooling(address)
-            await wait_until(lambda: not native.connections)  # and this one closes too
-            nursery.cancel_scope.cancel()
+    async with (
+        native_peer_reads(cache, table, sharing) as (address, peers, native),
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(native.run)
+        native.route(10, source(), version(1000))
+        await wait_until(lambda: native.connections == 1)
+        # Two more handshaken connections, each handed over before any route was made.
+        assert [(link, at, routes) for link, at, routes, _ in sharing.shared] == [
+            (100, address, 0), (100, address, 0)]  # fmt: skip
+        assert sharing.shared[0][3] == int(address.rpartition(":")[2])
+        assert [r[0] for r in table.routes] == [10]
+        sharing.wanted = 1  # a serving process started later: served at the next wake-up
+        await wait_until(lambda: len(sharing.shared) == 3)
+        assert not peers.is_cooling(address)
+        sharing.fault_handler(address, 6)  # one's connection failed: the owner cools down
+        assert peers.is_cooling(address)
+        await wait_until(lambda: not native.connections)  # and this one closes too
+        nursery.cancel_scope.cancel()
     assert table.closed == [(0, False)]
 
 
@@ -234,16 +239,14 @@ async def test_routes_waiting_for_their_connection_go_with_a_forget_of_their_ino
     """A refresh or removal while the owner's connection is being opened: the routes asked
     for before it name versions no longer served, and are not registered once it is up."""
     table = ScriptedTable()
-    async with served(FakeOwner().serve_block) as address, open_peer_client(TOKEN) as peers:
-        reader = BlockReader(cache, WorkerMetrics(), peers=peers, route=OwnerIs(address))
-        native = NativePeerReads(
-            table, reader, peers, timeout_s=2.0, largest_read=lambda: LARGEST_READ
-        )
-        async with trio.open_nursery() as nursery:
-            await nursery.start(native.run)
-            for ino in (10, 11, 12):
-                native.route(ino, source(), version(1000))
-            native.forget_inodes(11, 12)  # before the connection is up: no checkpoint since
-            await wait_until(lambda: native.connections == 1)
-            assert [route[0] for route in table.routes] == [10]
-            nursery.cancel_scope.cancel()
+    async with (
+        native_peer_reads(cache, table) as (_address, _peers, native),
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(native.run)
+        for ino in (10, 11, 12):
+            native.route(ino, source(), version(1000))
+        native.forget_inodes(11, 12)  # before the connection is up: no checkpoint since
+        await wait_until(lambda: native.connections == 1)
+        assert [route[0] for route in table.routes] == [10]
+        nursery.cancel_scope.cancel()
