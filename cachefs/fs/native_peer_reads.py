@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import trio
 
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
+from cachefs.fs.peer_answers import run_handed_back, wait_for_answers
 from cachefs.fs.serving_wire import PEER_TIMED_OUT
 from cachefs.peer import wire
 from cachefs.peer.base import BlockRequest, PeerError
@@ -260,10 +261,9 @@ class NativePeerReads:
 
     async def _receive(self, owner: _Owner, sock: trio.socket.SocketType) -> None:
         """Have C handle the owner's answers as they come, until the connection is done."""
-        tick = self._timeout_s / 4
         while True:
             fault, handed_back, pending, oldest_age_s = self._table.peer_receive(owner.slot)
-            self._serve_in_python(handed_back)
+            run_handed_back(self._nursery, handed_back)
             if fault:
                 reason = FAULTS.get(fault, f"fault {fault}")
                 if fault == ENDED and not handed_back:  # an idle connection closed: no failure
@@ -279,21 +279,18 @@ class NativePeerReads:
                 assert self._nursery is not None
                 owner.sharing = True  # (a serving process started since, or given up one)
                 self._nursery.start_soon(self._share, owner, owner.link)
-            if pending and oldest_age_s >= self._timeout_s:
+            if not await wait_for_answers(sock.fileno(), pending, oldest_age_s, self._timeout_s):
                 reason = f"no answer within {self._timeout_s} s"
                 log.info("native peer reads from %s stopped: %s", owner.address, reason)
                 self._peers.mark_down(owner.address, reason=reason)
                 return
-            wait = min(tick, self._timeout_s - oldest_age_s) if pending else tick
-            with trio.move_on_after(wait):
-                await trio.lowlevel.wait_readable(sock)
 
     def _close(self, owner: _Owner, slot: int) -> None:
         """Take the connection from C: its pending READs to Python (or, shutting down, EIO)."""
         if slot >= 0:
             # Cancelled (the worker stopping): a READ handed back could not be served.
             stopping = self._nursery is None or trio.current_effective_deadline() == -math.inf
-            self._serve_in_python(self._table.peer_close(slot, stopping))
+            run_handed_back(self._nursery, self._table.peer_close(slot, stopping))
         self._forget(owner)
 
     def _take_waiting(self, owner: _Owner) -> list[tuple[int, bytes, int]]:
@@ -308,15 +305,3 @@ class NativePeerReads:
         owner.slot = -1
         if self._owners.get(owner.address) is owner:
             del self._owners[owner.address]
-
-    def _serve_in_python(self, handed_back: list[Coroutine[Any, Any, None]]) -> None:
-        nursery = self._nursery
-        for coroutine in handed_back:
-            if nursery is None:  # stopping: not answered, like any READ in flight at the end
-                coroutine.close()
-            else:
-                nursery.start_soon(_await, coroutine)
-
-
-async def _await(coroutine: Coroutine[Any, Any, None]) -> None:
-    await coroutine

@@ -35,12 +35,13 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
 import pyfuse3
 import trio
 
+from cachefs.fs.peer_answers import HandedBack, run_handed_back, wait_for_answers
 from cachefs.fs.serving_wire import (
     PEER_ENDED_IDLE,
     PEER_TIMED_OUT,
@@ -50,9 +51,6 @@ from cachefs.fs.serving_wire import (
 )
 
 log = logging.getLogger("cachefs.serving")
-
-
-_Read = Coroutine[Any, Any, None]  # a READ's Python handler, as the binding hands it back
 
 
 class _CachefsPatch(Protocol):
@@ -68,8 +66,8 @@ class _CachefsPatch(Protocol):
     def cache_listings(self, on: bool) -> None: ...
     def fast_peer_open(self, sock_fd: int, max_length: int) -> int: ...
     def fast_peer_route(self, ino: int, slot: int, frame: bytes, length: int) -> bool: ...
-    def fast_peer_receive(self, slot: int) -> tuple[int, list[_Read], int, float]: ...
-    def fast_peer_close(self, slot: int, fail: bool) -> list[_Read]: ...
+    def fast_peer_receive(self, slot: int) -> tuple[int, list[HandedBack], int, float]: ...
+    def fast_peer_close(self, slot: int, fail: bool) -> list[HandedBack]: ...
 
 
 _patched = cast(_CachefsPatch, pyfuse3)
@@ -269,7 +267,7 @@ class PeerLinks:
 
     def _start(self, link: int, slot: int, fd: int, timeout_s: float) -> None:
         if self._nursery is None:  # ending
-            self._serve_elsewhere(self._close_slot(link, slot, ending=True))
+            run_handed_back(self._nursery, self._close_slot(link, slot, ending=True))
             os.close(fd)
             return
         scope = self._scopes[link] = trio.CancelScope()
@@ -291,7 +289,7 @@ class PeerLinks:
             del self._scopes[link]
             # Ending with the process: a READ handed back could not be answered.
             ending = trio.current_effective_deadline() == -math.inf
-            self._serve_elsewhere(self._close_slot(link, slot, ending))
+            run_handed_back(self._nursery, self._close_slot(link, slot, ending))
             os.close(fd)
         if ended is not None and self._nursery is not None:
             self._nursery.start_soon(self._worker.call, "peer_closed", link, ended)
@@ -299,40 +297,24 @@ class PeerLinks:
     async def _receive(self, link: int, slot: int, fd: int, timeout_s: float) -> int:
         """Have C handle the answers until the connection is done: why it ended (a CFR_PEER_*
         fault, PEER_TIMED_OUT or PEER_ENDED_IDLE)."""
-        tick = timeout_s / 4
         while True:
             with self._lock:
                 fault, handed_back, pending, oldest_age_s = _patched.fast_peer_receive(slot)
                 if fault:  # C closed the slot: it is free for the next connection
                     del self._slots[link]
-            self._serve_elsewhere(handed_back)
+            run_handed_back(self._nursery, handed_back)  # to the worker, as forwarded READs
             if fault:
                 return PEER_ENDED_IDLE if fault == _PEER_ENDED and not handed_back else fault
-            if pending and oldest_age_s >= timeout_s:
+            if not await wait_for_answers(fd, pending, oldest_age_s, timeout_s):
                 return PEER_TIMED_OUT
-            wait = min(tick, timeout_s - oldest_age_s) if pending else tick
-            with trio.move_on_after(wait):
-                await trio.lowlevel.wait_readable(fd)
 
-    def _close_slot(self, link: int, slot: int, ending: bool) -> list[_Read]:
+    def _close_slot(self, link: int, slot: int, ending: bool) -> list[HandedBack]:
         """Close the link's slot if it still holds it: the READs pending on it (none if
         ``ending``: they are answered EIO)."""
         with self._lock:
             if self._slots.pop(link, None) != slot:
                 return []  # closed by C already (a fault), perhaps taken by another since
             return _patched.fast_peer_close(slot, ending)
-
-    def _serve_elsewhere(self, handed_back: list[_Read]) -> None:
-        """The READs C handed back, run as their Python handler (forwarded to the worker)."""
-        for coroutine in handed_back:
-            if self._nursery is None or trio.current_effective_deadline() == -math.inf:
-                coroutine.close()  # ending: not answered, like any READ in flight at the end
-            else:
-                self._nursery.start_soon(_await, coroutine)
-
-
-async def _await(coroutine: _Read) -> None:
-    await coroutine
 
 
 def _entry(state: dict[str, Any]) -> pyfuse3.EntryAttributes:
