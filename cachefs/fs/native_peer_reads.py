@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 #: Routes asked for while their owner's connection is being opened, registered once it is up;
 #: past this many (all owners together), the rest go to Python as if they had none.
 WAITING_ROUTES_MAX = 1 << 18
+#: After the binding had no free connection slot for an owner (it holds PEER_CONNS, 64: more
+#: owners than that), its files are read in Python for this long before a slot is tried again,
+#: so that each of their routes does not open, handshake and close a connection of its own.
+NO_SLOT_RETRY_S = 10.0
 #: Why the C side closed a connection (cachefs_fast_read.h, CFR_PEER_*).
 ENDED = 2
 FAULTS = {
@@ -140,6 +144,7 @@ class NativePeerReads:
         self._largest_read = largest_read
         self._max_length = 0  # the largest READ once INIT has set it (it stays as set)
         self._owners: dict[str, _Owner] = {}
+        self._no_slot_until: dict[str, float] = {}  # owner -> when a slot is tried again
         self._waiting_routes = 0
         self._nursery: trio.Nursery | None = None
         self._sharing = sharing
@@ -167,6 +172,10 @@ class NativePeerReads:
         address = self._route.owner_address(source.dataset, key.shard)
         if address is None or self._nursery is None or self._peers.is_cooling(address):
             return
+        if address in self._no_slot_until:
+            if trio.current_time() < self._no_slot_until[address]:
+                return
+            del self._no_slot_until[address]
         request = BlockRequest(
             source.dataset, version.key, version.etag, version.size, 0, source.block_size
         )
@@ -211,7 +220,10 @@ class NativePeerReads:
         try:
             slot = self._table.peer_open(sock.fileno(), self._max_length)
             if slot < 0:
-                log.warning("native peer reads: no free connection slot for %s", owner.address)
+                level = logging.DEBUG if self._no_slot_until else logging.WARNING
+                why = "no free connection slot for %s; its files are read in Python for %.0f s"
+                log.log(level, "native peer reads: " + why, owner.address, NO_SLOT_RETRY_S)
+                self._no_slot_until[owner.address] = trio.current_time() + NO_SLOT_RETRY_S
                 return
             if self._sharing is not None:  # theirs first: the routes below reach them too
                 owner.link = self._sharing.link_of(slot)
@@ -223,8 +235,10 @@ class NativePeerReads:
                 self._table.peer_route(ino, owner.slot, frame, length)
             await self._receive(owner, sock)
         finally:
-            self._close(owner, slot)
-            sock.close()
+            try:
+                self._close(owner, slot)
+            finally:  # (a serving process that would not die raises: the socket still goes)
+                sock.close()
 
     async def _share(self, owner: _Owner, link: int) -> None:
         """Open a connection to the owner for each serving process that has none for ``link``

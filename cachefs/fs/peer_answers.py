@@ -8,7 +8,6 @@ that a serving process may use it (the serving process's import contract in pypr
 
 from __future__ import annotations
 
-import math
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
@@ -31,9 +30,13 @@ async def wait_for_answers(fd: int, pending: int, oldest_age_s: float, timeout_s
 
 
 def run_handed_back(nursery: trio.Nursery | None, handed_back: Iterable[HandedBack]) -> None:
-    """Start each READ that C handed back in ``nursery``. With no nursery, or in a task being
-    cancelled (ending), close it unanswered instead, like any READ in flight at the end."""
-    ending = nursery is None or trio.current_effective_deadline() == -math.inf
+    """Start each READ that C handed back in ``nursery``. With no nursery, or one being
+    cancelled (ending), close it unanswered instead, like any READ in flight at the end.
+
+    The calling task's own cancellation says nothing here: a serving process cancels a link's
+    task when the worker closes that link, while the process goes on serving, and the READs
+    that the link's last receive handed back must still be answered."""
+    ending = nursery is None or nursery.cancel_scope.cancel_called
     for coroutine in handed_back:
         if ending:
             coroutine.close()

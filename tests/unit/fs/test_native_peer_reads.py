@@ -18,6 +18,7 @@ import trio
 import trio.testing
 
 from cachefs.cache import TierConfig, TieredBlockCache
+from cachefs.fs import native_peer_reads as native_peer_reads_module
 from cachefs.fs.blocks import BlockReader, DataSource, FileVersion
 from cachefs.fs.native_peer_reads import NativePeerReads
 from cachefs.metrics import WorkerMetrics
@@ -249,4 +250,37 @@ async def test_routes_waiting_for_their_connection_go_with_a_forget_of_their_ino
         native.forget_inodes(11, 12)  # before the connection is up: no checkpoint since
         await wait_until(lambda: native.connections == 1)
         assert [route[0] for route in table.routes] == [10]
+        nursery.cancel_scope.cancel()
+
+
+class NoFreeSlotTable(ScriptedTable):
+    """The binding with every connection slot taken (more owners than PEER_CONNS)."""
+
+    def peer_open(self, sock_fd: int, max_length: int) -> int:
+        super().peer_open(sock_fd, max_length)
+        return -1
+
+
+async def test_an_owner_that_found_no_free_slot_is_not_tried_again_at_every_route(
+    cache, mock_clock
+):
+    """Without a slot, every route of that owner's files (each LOOKUP, each listing) opened,
+    handshook and closed a connection of its own. Now its files stay on the Python path for
+    NO_SLOT_RETRY_S, then a slot is tried again."""
+    mock_clock.rate = 1  # real time, plus the jump below
+    table = NoFreeSlotTable()
+    async with (
+        native_peer_reads(cache, table) as (address, _peers, native),
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(native.run)
+        native.route(10, source(), version(1000))
+        await wait_until(lambda: len(table.opened) == 1)  # opened, no slot, closed
+        native.route(11, source(), version(1000))
+        native.route(12, source(), version(1000))
+        assert address not in native._owners  # no connection being opened for them
+        mock_clock.jump(native_peer_reads_module.NO_SLOT_RETRY_S)
+        native.route(13, source(), version(1000))
+        await wait_until(lambda: len(table.opened) == 2)  # tried again
+        assert table.routes == []
         nursery.cancel_scope.cancel()

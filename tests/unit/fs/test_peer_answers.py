@@ -57,11 +57,25 @@ async def test_handed_back_reads_are_closed_unrun_when_ending():
     without_nursery = [read(1)]
     run_handed_back(None, without_nursery)
     async with trio.open_nursery() as nursery:
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            cancelled = [read(2)]
-            run_handed_back(nursery, cancelled)
+        nursery.cancel_scope.cancel()
+        cancelled = [read(2)]
+        run_handed_back(nursery, cancelled)
     assert ran == []
     # closed, not left pending (a coroutine never awaited would warn when collected)
     for coroutine in without_nursery + cancelled:
         assert coroutine.cr_frame is None
+
+
+async def test_a_task_cancelled_on_its_own_still_has_its_handed_back_reads_run():
+    """A serving process cancels a link's task when the worker closes the link; the READs its
+    last receive handed back belong to readers of a mount that is still served."""
+    ran: list[int] = []
+
+    async def read(n: int) -> None:
+        ran.append(n)
+
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as link_scope:
+            link_scope.cancel()
+            run_handed_back(nursery, [read(1)])
+    assert ran == [1]

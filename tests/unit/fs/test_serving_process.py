@@ -32,6 +32,7 @@ class FakeBinding:
         self.closed: list[int] = []  # slots closed by fast_peer_close
         self.faults: dict[int, int] = {}  # slot -> the fault its next receive reports
         self.pending: dict[int, float] = {}  # slot -> age of its oldest pending READ
+        self.on_receive = None  # a stand-in for the next receive, if set
 
     def fast_peer_open(self, sock_fd: int, max_length: int) -> int:
         slot = min(set(range(64)) - set(self.open_slots))
@@ -45,6 +46,9 @@ class FakeBinding:
         return True
 
     def fast_peer_receive(self, slot: int):
+        if self.on_receive is not None:
+            on_receive, self.on_receive = self.on_receive, None
+            return on_receive(slot)
         if slot not in self.open_slots:
             return 1, [], 0, 0.0  # CFR_PEER_CLOSED
         if slot in self.faults:
@@ -135,6 +139,35 @@ async def test_a_link_closed_here_is_reported_with_why(binding, fault, age, repo
             # Closed by C (a fault) or here (the timeout), once.
             assert binding.closed == ([] if fault is not None else [0])
             assert binding.open_slots == {}
+            nursery.cancel_scope.cancel()
+    finally:
+        owner.close()
+
+
+async def test_reads_handed_back_as_the_worker_closes_the_link_are_still_served(binding):
+    """The worker's close cancels the link's task. When that lands just as the task's receive
+    hands READs back (the owner's connection failed: the worker saw it first and closed the
+    link everywhere), those READs must still go to the worker. Before, the task's own
+    cancellation read as the process ending, and they were dropped unanswered."""
+    worker = RecordingWorker()
+    links = PeerLinks(worker)  # type: ignore[arg-type]
+    owner, fd = connection()
+    served: list[int] = []
+
+    async def read(ino: int) -> None:  # what a handed-back READ's handler does: forward
+        served.append(ino)
+
+    def failed_as_the_close_lands(slot: int):
+        links._cancel(9)  # the worker's close, run on the loop just before this receive
+        del binding.open_slots[slot]  # C closed the slot with the fault
+        return ENDED, [read(1), read(2)], 0, 0.0
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(links.run)
+            binding.on_receive = failed_as_the_close_lands
+            await trio.to_thread.run_sync(links.open, 9, 1 << 20, 2.0, fd)
+            await wait_until(lambda: sorted(served) == [1, 2])
             nursery.cancel_scope.cancel()
     finally:
         owner.close()
