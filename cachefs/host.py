@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 from dataclasses import dataclass
 
 from cachefs.errors import ConfigError
@@ -21,6 +22,14 @@ MOUNTINFO = "/proc/self/mountinfo"
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
 # A cgroup memory limit this large means "no limit" (cgroup v1 writes the page-rounded maximum).
 _NO_LIMIT = 1 << 60
+#: The open-file limit a worker raises its own to, as far as the hard limit allows: one
+#: descriptor per connection to a peer (the native READ path holds up to 1,024, in the worker
+#: and in each serving process) and per peer connected to it, the block files kept open (up to
+#: 4,096 in the native table), the store's sockets. Many hosts start processes at a soft limit
+#: of 1,024 under a far higher hard one; the children (serving and fetcher processes) inherit it.
+OPEN_FILES_WANTED = 1 << 16
+#: Below this many the worker warns: a node with a few hundred peers could run out.
+OPEN_FILES_LOW = 4096
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,31 @@ def filesystem_type(path: str) -> str:
         if inside and len(entry.path) >= best:  # the longest (and then the newest) wins
             best, fstype = len(entry.path), entry.fstype
     return fstype
+
+
+def raise_open_file_limit(wanted: int = OPEN_FILES_WANTED) -> int:
+    """Raise this process's soft limit on open files to ``wanted``, or to its hard limit where
+    that is lower (never lower it), and warn once when what it gets is below OPEN_FILES_LOW.
+    Returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, exc)
+        else:
+            log.info("open-file limit raised from %d to %d", soft, target)
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < OPEN_FILES_LOW:
+        log.warning(
+            "the open-file limit is %d (its hard limit): peer connections and open block files "
+            "share it, and a node with many peers may run out; raise the hard limit "
+            "(`ulimit -Hn`, systemd's LimitNOFILE=) to at least %d",
+            soft,
+            OPEN_FILES_LOW,
+        )
+    return int(soft)
 
 
 def memory_limit() -> int:

@@ -30,7 +30,7 @@ import trio
 from cachefs.control import create_control_app, create_metrics_app
 from cachefs.errors import ConfigError
 from cachefs.fs import fuse_ops
-from cachefs.host import check_tier_sizes
+from cachefs.host import check_tier_sizes, raise_open_file_limit
 from cachefs.listeners import bind_listeners, dialable, serve_http
 from cachefs.metrics import WorkerMetrics
 from cachefs.mountpoint import forget_mount, prepare_mountpoint, remember_mount
@@ -69,6 +69,7 @@ class Worker:
         that it created."""
         cfg = self.config
         self._check_config()
+        raise_open_file_limit()  # before anything is opened: what is sized by it reads it after
         lock_file = self._take_lock()
         new_dirs = [tier.path for tier in tier_configs(cfg) if not os.path.exists(tier.path)]
         status = _StartStatus(task_status)

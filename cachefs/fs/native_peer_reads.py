@@ -57,9 +57,10 @@ log = logging.getLogger(__name__)
 #: Routes asked for while their owner's connection is being opened, registered once it is up;
 #: past this many (all owners together), the rest go to Python as if they had none.
 WAITING_ROUTES_MAX = 1 << 18
-#: After the binding had no free connection slot for an owner (it holds PEER_CONNS, 64: more
-#: owners than that), its files are read in Python for this long before a slot is tried again,
-#: so that each of their routes does not open, handshake and close a connection of its own.
+#: After the binding had no free connection slot for an owner (it holds 1,024,
+#: ``pyfuse3.fast_peer_slots()``: more owners than that), its files are read in Python for this
+#: long before a slot is tried again, so that each of their routes does not open, handshake and
+#: close a connection of its own.
 NO_SLOT_RETRY_S = 10.0
 #: Why the C side closed a connection (cachefs_fast_read.h, CFR_PEER_*).
 ENDED = 2

@@ -1,11 +1,14 @@
 """cachefs/host.py against the real machine: mounts read from /proc/self/mountinfo (real tmpfs
-mounts, one with a space in its path), and tier sizes checked against real filesystems."""
+mounts, one with a space in its path), tier sizes checked against real filesystems, and the
+open-file limit raised in a real child process."""
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import subprocess
+import sys
 
 import pytest
 
@@ -97,3 +100,37 @@ def test_a_tier_larger_than_the_room_free_now_is_only_warned_about(tmpfs, caplog
         caplog.clear()
         warn_if_short(tier, held=3 << 20)  # the tier's own blocks are its room too
         assert caplog.text == ""
+
+
+def _limit_after_raise(soft: int, hard: int, wanted: int) -> tuple[str, str]:
+    """Run raise_open_file_limit in a process started with the open-file limit (soft, hard):
+    (its soft and hard limits after, from /proc/self/limits; what it logged)."""
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stderr, level=logging.INFO, format='%(message)s')\n"
+        "from cachefs.host import raise_open_file_limit\n"
+        f"raise_open_file_limit({wanted})\n"
+        "print([line.split()[3:5] for line in open('/proc/self/limits')"
+        " if line.startswith('Max open files')][0])\n"
+    )
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=limited, check=True
+    )
+    return done.stdout.strip(), done.stderr
+
+
+def test_the_open_file_limit_is_raised_up_to_the_hard_limit_and_never_lowered():
+    """Many hosts start processes at a soft limit of 1,024: the worker raises its own (its
+    peer connections and open block files need more); children inherit it."""
+    hard = 8192  # set in the child (as root, the tests' user, even above the machine's own)
+    limits, logged = _limit_after_raise(256, hard, 6000)
+    assert limits == str(["6000", str(hard)]) and "raised from 256 to 6000" in logged
+    limits, logged = _limit_after_raise(256, 3000, 6000)  # only as far as the hard limit
+    assert limits == str(["3000", "3000"]) and "raised from 256 to 3000" in logged
+    assert "the open-file limit is 3000 (its hard limit)" in logged  # low: warned
+    limits, logged = _limit_after_raise(7000, hard, 6000)  # never lowered
+    assert limits == str(["7000", str(hard)]) and logged == ""

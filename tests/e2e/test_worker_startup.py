@@ -6,6 +6,7 @@ nothing mounted, no RAM-tier directory in /dev/shm."""
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from cachefs.client import ControlClient
-from cachefs.host import mounts_at
+from cachefs.host import OPEN_FILES_WANTED, mounts_at
 from cachefs.pidlock import is_locked, names_held_lock, take_pid_lock
 from cachefs.settings import default_ram_dir
 from tests.waiting import WAIT_S, wait_for
@@ -65,7 +66,10 @@ def _tcp_listeners(pid: int) -> list[str]:
 
 def test_two_workers_with_default_options_share_a_machine(tmp_path):
     """Only what must differ is given (state directory, mountpoint): no port, no RAM dir.
-    Both serve /metrics on their control socket and listen on no TCP port."""
+    Both serve /metrics on their control socket and listen on no TCP port. Started at a soft
+    limit of 1,024 open files, as many hosts start them, each raises its own."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    raised = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(OPEN_FILES_WANTED, hard)
     started = []
     try:
         for name in ("a", "b"):
@@ -77,6 +81,7 @@ def test_two_workers_with_default_options_share_a_machine(tmp_path):
                     env=_env(),
                     stdout=log,
                     stderr=subprocess.STDOUT,
+                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard)),
                 )
             started.append((proc, state, mount, str(log_path)))
         for proc, state, mount, log_path in started:
@@ -91,6 +96,9 @@ def test_two_workers_with_default_options_share_a_machine(tmp_path):
             assert len(mounts_at(mount)) == 1
             assert _tcp_listeners(proc.pid) == []
             assert "serving" in log_tail(log_path)
+            with open(f"/proc/{proc.pid}/limits") as limits:
+                (soft,) = [line.split()[3] for line in limits if line.startswith("Max open files")]
+            assert soft == str(raised)
     finally:
         for proc, state, mount, _log in started:
             proc.terminate()

@@ -1935,7 +1935,10 @@ int cfr_try_release(fuse_req_t req, fuse_ino_t ino) {
  * closed connection is dropped when next used. Everything runs on the FUSE loop's thread under
  * the table's mutex. */
 
-#define PEER_CONNS 64               /* connections open at once (one or two per peer) */
+/* Connections open at once: one per owner this process reads from (two while one replaces a
+ * connection that failed), so a node reads from up to ~1,000 peers in C; the rest are read in
+ * Python (cachefs/fs/native_peer_reads.py). A slot is ~100 bytes; each open one is an fd. */
+#define PEER_CONNS 1024
 #define PEER_PENDING_MAX CFR_PEER_PENDING_MAX /* more READs at once go to Python */
 #define PEER_REFUSAL_MAX 4096       /* wire.MAX_REASON_LEN */
 #define PEER_MIN_CHUNK 4096         /* peer.base.MIN_BLOCK_SIZE .. MAX_BLOCK_SIZE */
@@ -2049,6 +2052,8 @@ int cfr_peer_open(int fd, uint64_t max_length) {
     pthread_mutex_unlock(&lock);
     return slot;
 }
+
+int cfr_peer_slots(void) { return PEER_CONNS; }
 
 int cfr_register_peer_route(uint64_t ino, int slot, const unsigned char *frame, size_t len,
                             uint64_t length) {

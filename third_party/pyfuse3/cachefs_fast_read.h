@@ -166,6 +166,8 @@ typedef struct {
  * cfr_peer_close()) for READs of blocks up to `max_length` bytes: its slot, or -1 if all are
  * taken. */
 int cfr_peer_open(int fd, uint64_t max_length);
+/* How many connections can be open at once (the slots cfr_peer_open() hands out). */
+int cfr_peer_slots(void);
 /* READs of inode `ino` the table cannot answer go to slot's owner as `frame` (a request of
  * the whole block, `length` bytes: the file's one block; the id in its first 4 bytes is set
  * per send). 0 when kept, -1 when refused (the slot is closed or broken, a block too large). */

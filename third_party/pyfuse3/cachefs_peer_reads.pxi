@@ -16,6 +16,7 @@ cdef extern from "cachefs_fast_read.h":
         int64_t off
     int CFR_PEER_PENDING_MAX
     int cfr_peer_open(int fd, uint64_t max_length)
+    int cfr_peer_slots()
     int cfr_register_peer_route(uint64_t ino, int slot, const unsigned char *frame, size_t len,
                                 uint64_t length)
     int cfr_peer_receive(int slot, cfr_peer_handback *out, size_t *handed, uint64_t *pending,
@@ -43,6 +44,11 @@ def fast_peer_open(int sock_fd, uint64_t max_length):
     up to ``max_length`` bytes: its slot, or -1 when every slot is taken. The socket stays the
     caller's (close it after fast_peer_close()).'''
     return cfr_peer_open(sock_fd, max_length)
+
+
+def fast_peer_slots():
+    '''How many connections fast_peer_open() can hand out at once.'''
+    return cfr_peer_slots()
 
 
 def fast_peer_route(uint64_t ino, int slot, bytes frame, uint64_t length):

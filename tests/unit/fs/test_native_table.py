@@ -6,6 +6,7 @@ tested through real mounts in test_native_reads.py."""
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 import xxhash
@@ -147,3 +148,32 @@ def test_listings_are_checked_bounded_and_forgotten_with_their_inodes(table, mon
         assert bounded.packed is None
     finally:
         table.configure_listings(0, 0.0, 0.0)  # the table is the process's: leave it off
+
+
+def test_the_binding_holds_a_connection_to_every_peer_of_a_thousand_node_cluster(table):
+    """READs of other workers' files are sent from C, on one connection per owner; an owner
+    with no free slot is read in Python (it held 64 once). Every slot is handed out, each
+    takes a route, the next open is refused, and a closed slot is handed out again. (The slots
+    share one socket here: opening and routing does no I/O on it.)"""
+    import pyfuse3
+
+    ours, theirs = socket.socketpair()
+    slots: list[int] = []
+    try:
+        for _ in range(pyfuse3.fast_peer_slots()):
+            slots.append(table.peer_open(ours.fileno(), 1 << 20))
+        assert len(slots) >= 1024 and sorted(slots) == list(range(len(slots)))
+        assert table.peer_open(ours.fileno(), 1 << 20) == -1  # all taken
+        frame = bytes(64)  # routing keeps the frame; only a send would parse it
+        assert table.peer_route(7, slots[-1], frame, 4096)
+        assert not table.peer_route(8, slots[-1], frame, 2 << 20)  # past its max_length
+        assert table.stats()["peer_routes"] == 1
+        assert table.peer_close(slots[-1], False) == []  # nothing was pending
+        assert table.peer_open(ours.fileno(), 1 << 20) == slots[-1]
+        assert not table.peer_route(7, len(slots), frame, 4096)  # no such slot
+    finally:
+        for slot in slots:
+            table.peer_close(slot, False)
+        table.forget_inodes(7, 7)
+        ours.close()
+        theirs.close()
