@@ -329,7 +329,9 @@ def exit_with(owner: int) -> None:
                     os.kill(owner, 0)
                 except ProcessLookupError:
                     os._exit(0)
-        select.select([owner_fd], [], [])  # readable once the owner has exited
+        waiting = select.poll()  # (not select(): a descriptor may be numbered past 1,023)
+        waiting.register(owner_fd, select.POLLIN)
+        waiting.poll()  # readable once the owner has exited
         os._exit(0)
 
     threading.Thread(target=watch, name="cachefs-fetcher-owner", daemon=True).start()
