@@ -152,7 +152,7 @@ def filesystem_type(path: str) -> str:
 
 def raise_open_file_limit(wanted: int = OPEN_FILES_WANTED) -> int:
     """Raise this process's soft limit on open files to ``wanted``, or to its hard limit where
-    that is lower (never lower it), and warn once when what it gets is below OPEN_FILES_LOW.
+    that is lower (never lower it), and warn when what it gets is below OPEN_FILES_LOW.
     Returns the soft limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
@@ -166,7 +166,7 @@ def raise_open_file_limit(wanted: int = OPEN_FILES_WANTED) -> int:
             soft = target
     if soft != resource.RLIM_INFINITY and soft < OPEN_FILES_LOW:
         log.warning(
-            "the open-file limit is %d (its hard limit): peer connections and open block files "
+            "the open-file limit is %d: peer connections and open block files "
             "share it, and a node with many peers may run out; raise the hard limit "
             "(`ulimit -Hn`, systemd's LimitNOFILE=) to at least %d",
             soft,
