@@ -105,7 +105,8 @@ PATCHES = [
         "        save_retval(None)\n        fuse_session_process_buf(session, &buf)\n"
         "        if py_retval is not None:\n            await py_retval\n",
         "        save_retval(None)\n"
-        "        # cachefs: FUSE_INIT may ask for passthrough (cfr_want_passthrough).\n"
+        "        # cachefs: FUSE_INIT may ask for passthrough (cfr_want_passthrough); a READ is\n"
+        "        # remembered while it is processed (a spliced reply is written in C).\n"
         "        cfr_process_buf(session, &buf, session_fd)\n"
         "        # cachefs: while requests are answered without Python (the fast-read path),\n"
         "        # take the ones already queued the same way (a bounded batch) before going back\n"
@@ -116,7 +117,7 @@ PATCHES = [
         "            res = fuse_session_receive_buf(session, &buf)\n"
         "            if res <= 0:\n                break\n"
         "            batch += 1\n"
-        "            fuse_session_process_buf(session, &buf)\n"
+        "            cfr_process_buf(session, &buf, session_fd)\n"
         "        cfr_count_batch(batch)\n"
         "        # cachefs: whether this request went to a Python handler (see unwaited below).\n"
         "        after_python = py_retval is not None\n"

@@ -154,6 +154,30 @@ static int splice_granted; /* libfuse splices replies on this connection (reply_
 static int connection_initialised; /* cfr_init_connection() ran ("clones") */
 static uint64_t largest_spliced_read(void);
 static int passthrough_wanted; /* cfr_want_passthrough(); also splice off tmpfs (rule 2) */
+/* The READ this thread is processing (cfr_process_buf()), for a reply written here rather
+ * than by libfuse (reply_spliced()): its id, the descriptor it was read from (a serving
+ * process's clone of /dev/fuse: the reply must go back on it), and its inode and offset, which
+ * the reply checks against the READ it answers. unique 0: no READ being processed. */
+static __thread struct {
+    uint64_t unique, nodeid, offset;
+    int fd;
+} current_read = {0, 0, 0, -1};
+
+/* The kernel's structures, as in linux/fuse.h (7.40+), which Debian 12's headers predate. */
+struct cfr_in_header {
+    uint32_t len, opcode;
+    uint64_t unique, nodeid;
+    uint32_t uid, gid, pid;
+    uint16_t total_extlen, padding;
+};
+struct cfr_init_in {
+    uint32_t major, minor, max_readahead, flags, flags2;
+};
+struct cfr_out_header {
+    uint32_t len;
+    int32_t error;
+    uint64_t unique;
+};
 
 /* 64-bit words of a block's `checked` bitmap (a bit per chunk). */
 static inline uint64_t checked_words(uint64_t nchunks) {
@@ -853,6 +877,11 @@ void cfr_init_connection(struct fuse_conn_info *conn) {
      * one does. Queued READs cost the worker nothing until it reads them. */
     conn->max_background = CFR_MAX_BACKGROUND;
     conn->congestion_threshold = CFR_MAX_BACKGROUND * 3 / 4;
+    /* Requests are read with one read(), not spliced into a pipe and read out of it: libfuse
+     * splices them in because pyfuse3 has a write_buf handler, which pays only for large WRITEs
+     * (a read-only mount has none) and costs every request a second syscall and a pipe page
+     * (strace of one READ: splice of its 80 bytes into the pipe, then read of them). */
+    conn->want &= ~FUSE_CAP_SPLICE_READ;
     /* READs of checked chunks are spliced (reply_spliced()); pyfuse3's own replies are
      * fuse_reply_buf(), which this does not change. */
     pthread_mutex_lock(&lock);
@@ -1059,13 +1088,15 @@ static void block_span(const cfr_file *f, uint64_t i, uint64_t begin, uint64_t e
  * A READ whose every chunk passed its checksum in its file's current state, of block files
  * that may serve checked chunks (serves_checked(): on tmpfs, or any with passthrough asked
  * for), is answered without copying its bytes through the worker: splice() puts references to
- * the tier's pages into a pipe, and fuse_reply_data() splices that pipe to /dev/fuse, where the
- * kernel copies the bytes once, into the reader's pages (a READ read and checked here costs a
- * pread() copy, an xxh3 pass and that copy: about a third more worker CPU per small file,
- * bench/results/native_read/2026-11-28-native-splice.md). The pipe is empty after every reply
- * (or replaced), so it never holds an evicted block's pages past the READ. It needs libfuse
- * to splice replies (FUSE_CAP_SPLICE_WRITE, asked for in cfr_init_connection()) and pipes with
- * room for the READ: ours, and libfuse's, which also holds the reply's header. A pipe may grow
+ * the tier's pages into a pipe after the reply's header, and that pipe is spliced to /dev/fuse
+ * (reply_spliced()), where the kernel copies the bytes once, into the reader's pages (a READ
+ * read and checked here costs a pread() copy, an xxh3 pass and that copy: about a third more
+ * worker CPU per small file, bench/results/native_read/2026-11-28-native-splice.md). The pipe
+ * is empty after every reply (or replaced), so it never holds an evicted block's pages past
+ * the READ. It needs the kernel to take spliced replies (FUSE_CAP_SPLICE_WRITE, asked for in
+ * cfr_init_connection()) and a pipe with room for the READ and its header (and libfuse's pipe
+ * too, where fuse_reply_data() sends the reply of a READ cfr_process_buf() is not processing:
+ * none today, a fallback). A pipe may grow
  * past /proc/sys/fs/pipe-max-size (1 MiB by default) only with CAP_SYS_RESOURCE; without it,
  * READs up to that size less a few pages (a small file) are spliced and the kernel's 1 MiB
  * READs of a large file are read and checked, unless the administrator raises
@@ -1138,6 +1169,19 @@ static uint64_t largest_spliced_read(void) {
 static int reply_spliced(fuse_req_t req, cfr_file *f, uint64_t begin, uint64_t end) {
     uint64_t bs = f->block_size, first = begin / bs, last = (end - 1) / bs;
     if (!splice_pipe_for(end - begin, last - first + 1)) return 0;
+    /* The READ cfr_process_buf() is processing (its inode and offset are this one's): the
+     * reply is written here, its header and then the bytes into our pipe, and the pipe spliced
+     * to the READ's descriptor in one call. libfuse's fuse_reply_data() would put the header
+     * in a pipe of its own, splice our pipe into it and that one to the descriptor, and we
+     * would then ask whether ours is empty: two syscalls more per READ for the same single
+     * copy (strace of one READ). */
+    struct cfr_out_header head = {(uint32_t)(sizeof head + (end - begin)), 0, current_read.unique};
+    int own = current_read.unique != 0 && current_read.nodeid == f->ino &&
+              current_read.offset == begin;
+    if (own && write(splice_pipe[1], &head, sizeof head) != (ssize_t)sizeof head) {
+        close_splice_pipe(); /* (an empty pipe of this size takes 16 bytes: never here) */
+        return 0;
+    }
     for (uint64_t i = first; i <= last; i++) {
         cfr_block *b = f->blocks[i];
         uint64_t lo, hi;
@@ -1153,6 +1197,18 @@ static int reply_spliced(fuse_req_t req, cfr_file *f, uint64_t begin, uint64_t e
                 return 0;
             }
         }
+    }
+    if (own) {
+        /* The kernel takes a reply whole or not at all. Not taken (the request was interrupted
+         * and is gone, or the connection ended), the pipe's contents are dropped with it and
+         * the caller replies the ordinary way, which fails the same way or is answered. */
+        ssize_t sent = splice(splice_pipe[0], NULL, current_read.fd, NULL, head.len, 0);
+        if (sent != (ssize_t)head.len) {
+            close_splice_pipe();
+            return 0;
+        }
+        fuse_reply_none(req); /* answered: libfuse only frees the request */
+        return 1;
     }
     struct fuse_bufvec bufv = FUSE_BUFVEC_INIT(end - begin);
     bufv.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_RETRY;
@@ -1479,6 +1535,7 @@ int cfr_peer_answer(int sock, const unsigned char *frames, size_t len, size_t ma
  * goes when the last such file is closed. */
 
 #define CFR_OP_INIT 26
+#define CFR_OP_READ 15
 #define CFR_INIT_EXT (1u << 30)
 #define CFR_INIT2_PASSTHROUGH (1u << 5) /* FUSE_PASSTHROUGH, bit 37 of the 64 INIT flags */
 #define CFR_FOPEN_DIRECT_IO (1u << 0)
@@ -1495,21 +1552,6 @@ int cfr_peer_answer(int sock, const unsigned char *frames, size_t len, size_t ma
  * ~0.3 KB, and none of the process's descriptors); the least recently opened goes first. */
 #define MAX_BACKING_FILES 65536
 
-/* The kernel's structures, as in linux/fuse.h (7.40+), which Debian 12's headers predate. */
-struct cfr_in_header {
-    uint32_t len, opcode;
-    uint64_t unique, nodeid;
-    uint32_t uid, gid, pid;
-    uint16_t total_extlen, padding;
-};
-struct cfr_init_in {
-    uint32_t major, minor, max_readahead, flags, flags2;
-};
-struct cfr_out_header {
-    uint32_t len;
-    int32_t error;
-    uint64_t unique;
-};
 struct cfr_open_out {
     uint64_t fh;
     uint32_t open_flags;
@@ -1678,7 +1720,26 @@ int cfr_replay_init(struct fuse_session *se, const unsigned char *request, size_
     return connection_initialised ? 0 : -1;
 }
 
+static void process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd);
+
 void cfr_process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd) {
+    struct cfr_in_header in;
+    uint64_t read_in[2]; /* fuse_read_in's fh and offset */
+    if (!(buf->flags & FUSE_BUF_IS_FD) && buf->size >= sizeof in + sizeof read_in && fd >= 0) {
+        memcpy(&in, buf->mem, sizeof in);
+        memcpy(read_in, (const unsigned char *)buf->mem + sizeof in, sizeof read_in);
+        if (in.opcode == CFR_OP_READ) {
+            current_read.unique = in.unique;
+            current_read.nodeid = in.nodeid;
+            current_read.offset = read_in[1];
+            current_read.fd = fd;
+        }
+    }
+    process_buf(se, buf, fd);
+    current_read.unique = 0;
+}
+
+static void process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd) {
     const unsigned char *mem = buf->mem;
     struct cfr_in_header in;
     struct cfr_init_in init;

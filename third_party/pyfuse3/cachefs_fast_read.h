@@ -195,6 +195,9 @@ void cfr_init_connection(struct fuse_conn_info *conn);
  * checks out is handed to the kernel, which reads the block file itself (no READ reaches
  * user space); any other file is opened for READ requests, served as without passthrough. */
 void cfr_want_passthrough(int on);
+/* Every request read from `fd` is processed through here: a READ is remembered while it is
+ * processed, so that a spliced reply can be written here whole (reply_spliced() in the .c
+ * file). */
 void cfr_process_buf(struct fuse_session *se, const struct fuse_buf *buf, int fd);
 
 /* Clones (see "clones" in the .c file): the FUSE_INIT request this session processed (its
