@@ -1199,9 +1199,10 @@ static int reply_spliced(fuse_req_t req, cfr_file *f, uint64_t begin, uint64_t e
         }
     }
     if (own) {
-        /* The kernel takes a reply whole or not at all. Not taken (the request was interrupted
-         * and is gone, or the connection ended), the pipe's contents are dropped with it and
-         * the caller replies the ordinary way, which fails the same way or is answered. */
+        /* Not taken whole (the connection was aborted: ENOENT; or a copy failed after the
+         * kernel found the READ, which it then ended with EIO), the pipe's contents are dropped
+         * and the caller replies the ordinary way, which the kernel refuses as it did this one
+         * or takes: never a second answer to a READ, since ids are not reused. */
         ssize_t sent = splice(splice_pipe[0], NULL, current_read.fd, NULL, head.len, 0);
         if (sent != (ssize_t)head.len) {
             close_splice_pipe();

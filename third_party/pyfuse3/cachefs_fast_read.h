@@ -8,7 +8,7 @@
  * every chunk read, fuse_reply_buf) or, for chunks of a tmpfs block file that passed their
  * check while the file was as it is now (or that the cache wrote it with, in that state),
  * spliced to /dev/fuse without a copy through the
- * worker (fuse_reply_data);
+ * worker (the reply written here, reply_spliced());
  * otherwise (or on any error or checksum mismatch) it returns 0 and the request goes to
  * cachefs's Python handler unchanged.
  * The rules that keep the table coherent with the cache are in cachefs_fast_read.c.
